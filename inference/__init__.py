@@ -1,0 +1,1 @@
+"""Everything about the model: settings, loading, prompts, the engine and the one worker thread."""

@@ -1,0 +1,179 @@
+"""The one typed settings object: defaults <- DESKCHAT_* environment <- command-line flags.
+
+Each setting is declared once (name, type, default, help); the environment variable and the
+flag are derived from that declaration, and `load_config()` is the only place that reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+EMBEDDED_MODEL = "embedded"
+
+
+def physical_cores() -> int:
+    """Physical cores, not hyper-threads: a second thread on one core only fights for bandwidth."""
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # psutil is pinned; this only guards odd installs
+        return os.cpu_count() or 1
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "deskchat"
+
+
+def _setting(default, help: str, minimum: float | None = None, **extra):
+    meta = {"help": help, "min": minimum, **extra}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = _setting("127.0.0.1", "Address to listen on; 0.0.0.0 opens it to the LAN.")
+    port: int = _setting(8080, "TCP port to listen on.", 1)
+    model: str = _setting(
+        DEFAULT_MODEL,
+        "ModelScope model id, a local Hugging Face folder, or 'embedded' (SmolLM2-135M).",
+    )
+    revision: str = _setting("master", "ModelScope revision (branch, tag or commit) to fetch.")
+    modelscope_endpoint: str | None = _setting(
+        None, "ModelScope hub address; empty means modelscope's own default."
+    )
+    download_timeout: float = _setting(
+        10.0, "Seconds to wait for the hub before declaring it unreachable.", 0.1
+    )
+    strict_model: bool = _setting(
+        False, "Exit instead of falling back to the embedded model when the model is missing."
+    )
+    cache_dir: Path = _setting(
+        default_cache_dir, "Where downloaded and converted models are kept."
+    )
+    threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1)
+    max_queue: int = _setting(4, "Jobs that may wait behind the running one; more get 503.", 1)
+    request_timeout: float = _setting(
+        120.0, "Seconds a request may take in all, queue wait and generation together.", 0.1
+    )
+    max_tokens_default: int = _setting(256, "max_tokens when a request does not say.", 1)
+    max_tokens_cap: int = _setting(1024, "Upper limit on any request's max_tokens.", 1)
+    context_tokens: int = _setting(
+        4096, "Prompt plus answer limit in tokens (also bounded by the model's own).", 16
+    )
+    max_body_bytes: int = _setting(65536, "Largest accepted request body in bytes.", 256)
+    http_threads: int = _setting(
+        0, "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.", 0
+    )
+    log_level: str = _setting("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
+
+    @property
+    def waitress_threads(self) -> int:
+        return self.http_threads or self.max_queue + 4
+
+
+def _fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(Config))
+
+
+def env_name(name: str) -> str:
+    return "DESKCHAT_" + name.upper()
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _kind(f: dataclasses.Field) -> str:
+    return str(f.type).replace(" | None", "")
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _convert(f: dataclasses.Field, text: str):
+    kind = _kind(f)
+    if kind == "bool":
+        return _parse_bool(text)
+    if f.type == "str | None":
+        return text or None
+    converters = {"int": int, "float": float, "Path": lambda s: Path(s).expanduser(), "str": str}
+    value = converters[kind](text)
+    minimum = f.metadata.get("min")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+class ConfigError(ValueError):
+    """A setting's value is malformed; the message names the setting and where it came from."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="server.py",
+        description="deskchat: a chat model served over HTTP from one CPU. Every flag can also "
+        "be set through the environment variable shown.",
+    )
+    for f in _fields():
+        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default: {_default(f)}]"
+        if _kind(f) == "bool":
+            parser.add_argument(
+                flag_name(f.name),
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(flag_name(f.name), default=None, metavar=_kind(f).upper(),
+                                help=help_text)
+    return parser
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Build the Config from defaults, then the environment, then flags; raise ConfigError."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    values = {}
+    for f in _fields():
+        flag_value = getattr(args, f.name)
+        if flag_value is not None:
+            source, raw = flag_name(f.name), flag_value
+        elif env_name(f.name) in environ:
+            source, raw = env_name(f.name), environ[env_name(f.name)]
+        else:
+            continue
+        if isinstance(raw, bool):
+            values[f.name] = raw
+            continue
+        try:
+            values[f.name] = _convert(f, raw)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    config = Config(**values)
+    if config.max_tokens_default > config.max_tokens_cap:
+        config = dataclasses.replace(config, max_tokens_default=config.max_tokens_cap)
+    return config

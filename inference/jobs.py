@@ -1,0 +1,92 @@
+"""A Job: one validated request on its way through the FIFO, with its deadline, cancel flag and
+its own reply queue. The worker puts text deltas on `events`, then exactly one terminal item.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from inference.errors import ServiceError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """Terminal: the answer is complete. Times are in milliseconds."""
+
+    finish_reason: str  # "stop" | "length"
+    usage: Usage
+    queued_ms: float
+    ttft_ms: float
+    total_ms: float
+    tokens_per_second: float
+
+    def timings(self) -> dict:
+        return {
+            "queued_ms": round(self.queued_ms, 1),
+            "ttft_ms": round(self.ttft_ms, 1),
+            "total_ms": round(self.total_ms, 1),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+        }
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Terminal: the job ended with an error, which the web layer renders."""
+
+    error: ServiceError
+
+
+Event = Delta | Done | Failed
+
+
+def new_request_id() -> str:
+    return "chat-" + uuid.uuid4().hex[:16]
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    sampling: Sampling
+    timeout_s: float
+    id: str = field(default_factory=new_request_id)
+    created: float = field(default_factory=time.monotonic)
+    events: queue.Queue = field(default_factory=queue.Queue)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def deadline(self) -> float:
+        return self.created + self.timeout_s
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def cancel(self) -> None:
+        """Called by the HTTP side when its client leaves; the worker reads it every token."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
