@@ -64,18 +64,25 @@ def _warm_up(worker: Worker, runtime_prompts) -> None:
     worker.run_now(ids, Sampling(max_tokens=WARMUP_TOKENS))
 
 
-def serve(config: Config) -> int:
-    notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
-    runtime = Runtime()
-    server = create_server(
+def make_http_server(config: Config, runtime: Runtime):
+    """The waitress server around create_app(); bound at once, served by .run()."""
+    return create_server(
         create_app(config, runtime),
         host=config.host,
         port=config.port,
         threads=config.waitress_threads,
         channel_request_lookahead=1,  # gives handlers environ["waitress.client_disconnected"]
-        max_request_body_size=config.max_body_bytes,
+        # waitress answers over-size bodies in plain text before Flask sees them; give it a
+        # roomier bound so the app's own limit, with its JSON error, is the one users meet.
+        max_request_body_size=max(1 << 20, 16 * config.max_body_bytes),
         ident="deskchat",
     )
+
+
+def serve(config: Config) -> int:
+    notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
+    runtime = Runtime()
+    server = make_http_server(config, runtime)
     threading.Thread(target=server.run, name="http", daemon=True).start()
     log.info("listening on http://%s:%d (%d HTTP threads)", config.host, config.port,
              config.waitress_threads)

@@ -1,0 +1,50 @@
+"""A scripted engine for tests about queueing and timing, where the real model is slow."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from inference.engine import Generation
+from inference.prompt import PromptBuilder
+
+
+class FakeEngine:
+    """Emits `tokens` words, one per `token_s` seconds; records the order jobs ran in."""
+
+    name = "fake"
+    context_tokens = 4096
+
+    def __init__(self, token_s: float = 0.01, fail_on: str | None = None):
+        self.token_s = token_s
+        self.fail_on = fail_on
+        self.ran: list[list[int]] = []  # prompt ids, in the order generation started
+        self.tokens_made: list[int] = []  # tokens produced per run
+        self.started = threading.Event()
+
+    def run(self, prompt_ids, sampling, emit, should_stop) -> Generation:
+        self.ran.append(list(prompt_ids))
+        self.started.set()
+        if self.fail_on is not None and prompt_ids == [ord(c) for c in self.fail_on]:
+            raise RuntimeError("scripted failure")
+        made = 0
+        try:
+            while made < sampling.max_tokens:
+                if should_stop():
+                    return Generation("interrupted", made, 0.0)
+                time.sleep(self.token_s)
+                made += 1
+                emit(f"w{made} ")
+            return Generation("length", made, self.token_s)
+        finally:
+            self.tokens_made.append(made)
+
+
+class FakePrompts(PromptBuilder):
+    """Encodes a chat as the code points of the last message: readable ids for FIFO checks."""
+
+    def __init__(self, context_tokens: int = 4096):
+        super().__init__(tokenizer=None, context_tokens=context_tokens)
+
+    def encode(self, messages, system=None):
+        return [ord(c) for c in messages[-1]["content"]]
