@@ -1,0 +1,1 @@
+"""Model inference: fetching and running the chat model."""
