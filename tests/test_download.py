@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,6 +122,37 @@ def test_prefilled_modelscope_cache_layout_is_found_without_network(tmp_path, mo
 
     assert folder == snapshot
     assert attempts == []
+
+
+FRESH_START = """
+import socket, sys
+tries = []
+def refuse(*args, **kwargs):
+    tries.append(args)
+    raise OSError("network access blocked by test")
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.create_connection = socket.getaddrinfo = refuse
+from inference.download import fetch_modelscope_model
+print(fetch_modelscope_model(sys.argv[1], "master", sys.argv[2]))
+print(len(tries))
+"""
+
+
+def test_fresh_process_with_cached_model_imports_and_finds_it_without_network(hub, tmp_path):
+    # What a server start does: a new interpreter importing modelscope, sockets blocked from line 1.
+    first = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    hub.stop()
+
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_START, MODEL_ID, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(first), "0"]
 
 
 def test_other_revision_is_not_taken_from_cache(hub, tmp_path, monkeypatch):
