@@ -73,9 +73,9 @@ def fetch_modelscope_model(
     A complete cached snapshot is returned without any network access. Otherwise
     the hub is probed first (an HTTP HEAD, all of it bounded by ``timeout_s``), so an
     offline PC fails in about ``timeout_s`` seconds rather than after modelscope's
-    retries. ``endpoint=None`` means modelscope's own choice (``MODELSCOPE_ENDPOINT``,
-    the deprecated ``MODELSCOPE_DOMAIN``, else modelscope.cn with modelscope.ai as
-    fallback), read at each call. Raises ModelUnavailable, with a one-line message, on any failure.
+    retries. ``endpoint=None`` means modelscope's own choice, read at each call:
+    ``MODELSCOPE_ENDPOINT``, the deprecated ``MODELSCOPE_DOMAIN``, else modelscope.cn
+    with modelscope.ai as fallback. Any failure raises ModelUnavailable (one line).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
