@@ -1,0 +1,225 @@
+"""inference.download against a loopback stand-in of the ModelScope hub (no internet needed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from modelscope_standin import ModelScopeStandin
+
+from inference.download import ModelUnavailable, fetch_modelscope_model
+
+MODEL_ID = "acme/tiny-chat"
+REVISION = "master"
+
+# What a transformers load reads...
+NEEDED = {
+    "config.json": json.dumps({"model_type": "llama", "hidden_size": 8}).encode(),
+    "generation_config.json": b'{"max_new_tokens": 16}',
+    "tokenizer.json": b'{"version": "1.0", "model": {}}',
+    "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
+    "merges.txt": b"#version: 0.2\na b\n",
+    "model.safetensors": bytes(range(256)) * 4,
+}
+# ...and what it doesn't: duplicates in other formats, exports, docs.
+SKIPPED = {
+    "pytorch_model.bin": b"\x00" * 512,
+    "model-q4.gguf": b"GGUF" + b"\x00" * 60,
+    "onnx/model.onnx": b"onnx-bytes",
+    "onnx/config.json": b"{}",
+    "README.md": b"# tiny chat\n",
+}
+
+
+@pytest.fixture
+def hub():
+    with ModelScopeStandin({MODEL_ID: {**NEEDED, **SKIPPED}}, revision=REVISION) as standin:
+        yield standin
+
+
+def no_network(monkeypatch) -> list[object]:
+    """Make every outgoing connection and DNS lookup in this process fail, and record the tries."""
+    attempts: list[object] = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access blocked by test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_one_line_with_advice(exc: ModelUnavailable, cache_dir: Path) -> None:
+    message = str(exc)
+    assert "\n" not in message and message.strip() == message
+    assert MODEL_ID in message
+    assert str(cache_dir) in message
+    assert "--model PATH" in message and "--model embedded" in message
+    assert "connect" in message
+
+
+def test_first_fetch_downloads_only_the_needed_files(hub, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="deskchat.download")
+
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    assert folder.is_dir() and folder.is_relative_to(tmp_path)
+    for name, data in NEEDED.items():
+        assert (folder / name).read_bytes() == data
+    for name in SKIPPED:
+        assert not (folder / name).exists()
+    assert sorted(hub.file_requests()) == sorted(NEEDED)
+    listing = [r for r in hub.requests if r.path == f"/api/v1/models/{MODEL_ID}/repo/files"]
+    assert listing and listing[0].query["Revision"] == REVISION
+    assert all(r.query.get("Revision", REVISION) == REVISION for r in hub.requests)
+    text = caplog.text
+    assert f"downloading {MODEL_ID}@{REVISION} from {hub.url}" in text
+    assert "downloaded" in text and " s to " in text
+
+
+def test_cached_model_starts_with_no_network_at_all(hub, tmp_path, monkeypatch, caplog):
+    first = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    served = len(hub.requests)
+    hub.stop()
+    attempts = no_network(monkeypatch)
+    caplog.set_level(logging.INFO, logger="deskchat.download")
+
+    again = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    assert again == first
+    assert attempts == []
+    assert len(hub.requests) == served
+    assert f"found {MODEL_ID}@{REVISION} in cache at {first}" in caplog.text
+    # And the default endpoint (modelscope.cn) is not consulted either.
+    assert fetch_modelscope_model(MODEL_ID, REVISION, tmp_path) == first
+    assert attempts == []
+
+
+def test_prefilled_modelscope_cache_layout_is_found_without_network(tmp_path, monkeypatch):
+    # The layout modelscope's snapshot_download writes under cache_dir (seen in the test above).
+    snapshot = tmp_path / "models" / MODEL_ID.replace("/", "--") / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    for name, data in NEEDED.items():
+        (snapshot / name).write_bytes(data)
+    attempts = no_network(monkeypatch)
+
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint="http://127.0.0.1:9")
+
+    assert folder == snapshot
+    assert attempts == []
+
+
+FRESH_START = """
+import socket, sys
+tries = []
+def refuse(*args, **kwargs):
+    tries.append(args)
+    raise OSError("network access blocked by test")
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.create_connection = socket.getaddrinfo = refuse
+from inference.download import fetch_modelscope_model
+print(fetch_modelscope_model(sys.argv[1], "master", sys.argv[2]))
+print(len(tries))
+"""
+
+
+def test_fresh_process_with_cached_model_imports_and_finds_it_without_network(hub, tmp_path):
+    # What a server start does: a new interpreter importing modelscope, sockets blocked from line 1.
+    first = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    hub.stop()
+
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_START, MODEL_ID, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(first), "0"]
+
+
+def test_other_revision_is_not_taken_from_cache(hub, tmp_path, monkeypatch):
+    fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    hub.stop()
+    no_network(monkeypatch)
+
+    with pytest.raises(ModelUnavailable):
+        fetch_modelscope_model(MODEL_ID, "v2.0", tmp_path, endpoint=hub.url)
+
+
+def test_interrupted_download_in_cache_is_completed_not_used(hub, tmp_path):
+    snapshot = tmp_path / "models" / MODEL_ID.replace("/", "--") / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_bytes(NEEDED["config.json"])
+    (snapshot / "model.safetensors.incomplete").write_bytes(NEEDED["model.safetensors"][:10])
+
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    assert folder == snapshot
+    assert (folder / "model.safetensors").read_bytes() == NEEDED["model.safetensors"]
+    assert not list(folder.rglob("*.incomplete"))
+    assert "model.safetensors" in hub.file_requests()
+
+
+def test_default_endpoint_honours_modelscope_endpoint_env(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.url)
+
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path)
+
+    assert (folder / "config.json").read_bytes() == NEEDED["config.json"]
+    assert sorted(hub.file_requests()) == sorted(NEEDED)
+
+
+def test_unknown_model_is_unavailable_with_one_line_message(hub, tmp_path):
+    with pytest.raises(ModelUnavailable) as info:
+        fetch_modelscope_model("acme/no-such-model", REVISION, tmp_path, endpoint=hub.url)
+
+    message = str(info.value)
+    assert "\n" not in message
+    assert "acme/no-such-model" in message and "--model PATH" in message
+
+
+def test_closed_port_fails_fast_with_advice(tmp_path):
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+
+    with pytest.raises(ModelUnavailable) as info:
+        fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=endpoint)
+
+    assert time.monotonic() - started < 5
+    assert_one_line_with_advice(info.value, tmp_path)
+    assert endpoint in str(info.value) and "refused" in str(info.value)
+
+
+def test_silent_endpoint_fails_within_30_s_with_advice(tmp_path):
+    # Listens (so TCP connects succeed) but never accept()s or answers: a blackhole.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+
+        with pytest.raises(ModelUnavailable) as info:
+            fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=endpoint)  # default 10 s
+
+        elapsed = time.monotonic() - started
+    assert elapsed < 30
+    assert_one_line_with_advice(info.value, tmp_path)
+    assert endpoint in str(info.value)
