@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from modelscope_standin import ModelScopeStandin
 
 from inference.download import ModelUnavailable, fetch_modelscope_model
+from tests.modelscope_standin import ModelScopeStandin
 
 MODEL_ID = "acme/tiny-chat"
 REVISION = "master"
