@@ -1,0 +1,130 @@
+"""The real embedded model through the real worker and the real server.py on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.httpclient import Stream, chat, request, stream_all, wait_until
+
+
+def test_answers_a_factual_question(embedded_server):
+    reply = chat(embedded_server.url, {"message": "What is the capital of France?"})
+    assert reply.status == 200
+    body = reply.json()
+    assert "Paris" in body["response"]
+    assert body["model"] == "SmolLM2-135M-Instruct"
+    assert body["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] > 0 and body["timings"]["ttft_ms"] > 0
+
+
+def test_streamed_text_equals_plain_text_under_greedy(embedded_server):
+    body = {"message": "Write two sentences about the sea.", "max_tokens": 40}
+    plain = chat(embedded_server.url, body).json()
+    text, events = stream_all(embedded_server.url, body)
+    assert len(events) > 3
+    assert text == plain["response"]
+    done = events[-1][1]
+    assert done["done"] is True and done["usage"] == plain["usage"]
+
+
+CONVERSATIONS = [
+    pytest.param([
+        {"role": "user", "content": "What is the capital of Japan?"},
+        {"role": "assistant", "content": "The capital of Japan is Tokyo."},
+        {"role": "user", "content": "Repeat the name of that city."},
+    ], "Tokyo", id="city"),
+    pytest.param([
+        {"role": "user", "content": "Remember this word: banana."},
+        {"role": "assistant", "content": "OK, I will remember the word banana."},
+        {"role": "user", "content": "Which word did I ask you to remember?"},
+    ], "banana", id="word"),
+]
+
+
+@pytest.mark.parametrize(("messages", "fact"), CONVERSATIONS)
+def test_multi_turn_uses_the_earlier_turns(embedded_server, messages, fact):
+    with_history = chat(embedded_server.url, {"messages": messages, "max_tokens": 40}).json()
+    last_only = chat(embedded_server.url, {"messages": messages[-1:], "max_tokens": 40}).json()
+    assert fact in with_history["response"]
+    assert fact not in last_only["response"]
+    assert with_history["usage"]["prompt_tokens"] > last_only["usage"]["prompt_tokens"]
+
+
+def test_system_prompt_is_followed(embedded_server):
+    default = chat(embedded_server.url, {"message": "Who are you?", "max_tokens": 30}).json()
+    custom = chat(embedded_server.url, {
+        "message": "Who are you?", "max_tokens": 30,
+        "system": "You are Zorg, a robot from Mars. Always say your name.",
+    }).json()
+    assert "Zorg" in custom["response"] and "Zorg" not in default["response"]
+
+
+def test_stop_strings_end_the_answer(embedded_server):
+    body = {"message": "Count from 1 to 10, separated by commas.", "max_tokens": 60}
+    full = chat(embedded_server.url, body).json()["response"]
+    assert "5" in full
+    stopped = chat(embedded_server.url, {**body, "stop": ["5"]}).json()
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["response"] == full[: full.index("5")]
+
+
+def test_max_tokens_gives_finish_reason_length(embedded_server):
+    body = chat(embedded_server.url, {"message": "Tell me a long story.", "max_tokens": 5})
+    assert body.json()["finish_reason"] == "length"
+    assert body.json()["usage"]["completion_tokens"] == 5
+
+
+def test_prompt_longer_than_context_is_413_with_counts(embedded_server):
+    reply = chat(embedded_server.url, {"message": "hello " * 5000})
+    assert reply.status == 413
+    message = reply.json()["error"]["message"]
+    assert "4095" in message and "prompt is" in message
+
+
+def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
+    stream = Stream(embedded_server.url, {"message": "Tell me a very long story.",
+                                          "max_tokens": 1000})
+    events = stream.events()
+    for _ in range(5):
+        next(events)
+    stream.close()
+    started = time.monotonic()
+
+    def idle():
+        return request(embedded_server.url, "GET", "/health").json()["busy"] is False
+
+    assert wait_until(idle, 2.0), "the worker was still generating for a client that left"
+    # 1000 tokens take tens of seconds here; the next request is served right away instead.
+    reply = chat(embedded_server.url, {"message": "Say hi.", "max_tokens": 3})
+    assert reply.status == 200 and reply.json()["timings"]["queued_ms"] < 1000
+    assert time.monotonic() - started < 10
+
+
+def test_health_answers_while_generating(embedded_server):
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(r=chat(
+        embedded_server.url, {"message": "Tell me a story.", "max_tokens": 60})))
+    runner.start()
+    assert wait_until(lambda: request(embedded_server.url, "GET", "/health").json()["busy"], 10)
+    started = time.monotonic()
+    health = request(embedded_server.url, "GET", "/health")
+    assert time.monotonic() - started < 0.5
+    assert health.status == 200 and health.json()["busy"] is True
+    runner.join(60)
+    assert result["r"].status == 200
+
+
+def test_log_has_one_line_per_request_and_no_text(embedded_server):
+    secret = "My secret code word is pineapple-zebra."
+    reply = chat(embedded_server.url, {"message": secret, "max_tokens": 8})
+    request_id = reply.json()["id"]
+    assert wait_until(lambda: request_id in embedded_server.log(), 5)
+    lines = [line for line in embedded_server.log().splitlines() if request_id in line]
+    assert len(lines) == 1
+    for field in ("status=200", "queued_ms=", "ttft_ms=", "completion_tokens=", "tokens_per_s="):
+        assert field in lines[0]
+    assert "pineapple" not in embedded_server.log()
+    assert reply.json()["response"].strip()[:20] not in embedded_server.log()

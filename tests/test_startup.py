@@ -1,0 +1,101 @@
+"""Starting server.py for real: fallback, strict mode, and what it tells systemd."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import free_port
+from tests.httpclient import request
+
+
+def unreachable_hub() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_missing_default_model_falls_back_with_one_warning(start_server):
+    server = start_server("--modelscope-endpoint", unreachable_hub(), ready=False)
+    server.wait_ready(timeout=120)
+    health = request(server.url, "GET", "/health").json()
+    assert health["model"] == "SmolLM2-135M-Instruct"
+    warnings = [line for line in server.log().splitlines() if " WARNING " in line]
+    assert len(warnings) == 1
+    assert "Qwen/Qwen2.5-0.5B-Instruct" in warnings[0] and "embedded" in warnings[0]
+
+
+def test_strict_mode_exits_nonzero_saying_what_to_do(start_server):
+    server = start_server("--modelscope-endpoint", unreachable_hub(), "--strict-model",
+                          ready=False)
+    started = time.monotonic()
+    code = server.proc.wait(60)
+    assert code != 0
+    assert time.monotonic() - started < 30
+    log = server.log()
+    assert "cannot start" in log and "--model embedded" in log
+    assert "Traceback" not in log
+
+
+def test_bad_setting_is_refused_before_anything_loads(start_server):
+    server = start_server("--max-queue", "zero", ready=False)
+    assert server.proc.wait(30) == 2
+    assert "--max-queue" in server.log() and "Traceback" not in server.log()
+
+
+class NotifyListener:
+    """A unix datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="dc-notify-", dir="/tmp"))
+        self.path = str(self.dir / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def texts(self) -> list[str]:
+        return [m for _, m in self.messages]
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
+    listener = NotifyListener()
+    try:
+        server = start_server("--model", "embedded", ready=False,
+                              env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000"})
+        end = time.monotonic() + 120
+        while "READY=1" not in listener.texts() and time.monotonic() < end:
+            assert server.proc.poll() is None, server.log()
+            time.sleep(0.01)
+        # READY=1 means ready: /health must already say so at that moment.
+        assert request(server.url, "GET", "/health").status == 200
+        texts = listener.texts()
+        ready = texts.index("READY=1")
+        statuses = [t for t in texts[:ready] if t.startswith("STATUS=")]
+        assert any("loading" in s for s in statuses)
+        assert statuses[-1].startswith("STATUS=ready") and "STATUS=warming up" in statuses
+        assert statuses.index("STATUS=warming up") < len(statuses) - 1
+        assert not any(t == "WATCHDOG=1" for t in texts[:ready])
+        time.sleep(1.0)
+        assert listener.texts().count("WATCHDOG=1") >= 2
+        server.stop()
+        assert "STOPPING=1" in listener.texts()
+    finally:
+        listener.close()
