@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+#
+# Helpers shared by install.sh and uninstall.sh: dry-run aware actions,
+# option parsing, the root check and systemd detection. Sourced, never run.
+
+# The constants below are used by the scripts that source this file.
+# shellcheck disable=SC2034
+
+# shellcheck source=SCRIPTDIR/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+readonly UNITS=(deskchat.service deskchat-tune.service)
+readonly UNIT_DIR="${SYSROOT}/etc/systemd/system"
+readonly CONF_DIR="${SYSROOT}/etc/deskchat"
+# Options, set by the scripts' argument parsing.
+PREFIX=/opt/deskchat
+DRY_RUN=""
+
+# Run a command, or only print it under --dry-run.
+run() {
+  if [[ -n "${DRY_RUN}" ]]; then
+    echo "would run: $*"
+  else
+    "$@"
+  fi
+}
+
+# Exit 2 unless root, or DESKCHAT_SYSROOT points at a test tree, or --dry-run.
+require_root() {
+  if [[ -z "${SYSROOT}" && "${EUID}" -ne 0 && -z "${DRY_RUN}" ]]; then
+    err "$(basename "$0") changes /etc, /opt and systemd units: run it as root"
+    exit 2
+  fi
+  if [[ "${PREFIX}" != /* ]]; then
+    err "--prefix must be an absolute path, got '${PREFIX}'"
+    exit 2
+  fi
+}
+
+# True when systemd is PID 1 on the real root, so systemctl can talk to it.
+systemd_running() {
+  [[ -z "${SYSROOT}" && -d /run/systemd/system ]]
+}
+
+# systemctl on unit files only (enable/disable); works without systemd as
+# PID 1, and inside DESKCHAT_SYSROOT.
+systemctl_files() {
+  run systemctl --root="${SYSROOT:-/}" "$@"
+}

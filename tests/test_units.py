@@ -1,0 +1,148 @@
+"""The systemd units and the shell scripts: ShellCheck, systemd-analyze verify and security."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.systree import SYSTEM, run
+
+UNITS = ("deskchat.service", "deskchat-tune.service")
+MAX_EXPOSURE = 3.0
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.skip(f"{tool} is not installed (CI installs it from Debian: see .ci/)")
+    return path
+
+
+def settings(unit: str) -> dict[str, list[str]]:
+    """KEY -> every value it is given in the unit, in order (systemd keys may repeat)."""
+    result: dict[str, list[str]] = {}
+    for line in (SYSTEM / unit).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", ";", "[")):
+            key, value = line.split("=", 1)
+            result.setdefault(key.strip(), []).append(value.strip())
+    return result
+
+
+def test_shellcheck_clean() -> None:
+    shellcheck = need("shellcheck")
+    scripts = sorted(SYSTEM.rglob("*.sh"))
+    assert len(scripts) >= 9
+    result = subprocess.run(
+        [shellcheck, "-x", *map(str, scripts)], capture_output=True, text=True, cwd=SYSTEM
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def mirror_host_path(root: Path, path: Path) -> None:
+    """Make path resolve under root: copy in the host file that an absolute symlink names."""
+    for _ in range(10):
+        if not path.is_symlink():
+            return
+        target = Path(os.readlink(path))
+        if not target.is_absolute():
+            path = path.parent / target
+            continue
+        inside = root / target.relative_to("/")
+        if not inside.exists() and not inside.is_symlink():
+            inside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(target), inside)
+        path = inside
+
+
+@pytest.fixture(scope="module")
+def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An installed layout under a temp root, as install.sh writes it (no pip)."""
+    need("systemctl")
+    root = tmp_path_factory.mktemp("root")
+    src = tmp_path_factory.mktemp("src")
+    shutil.copytree(SYSTEM, src / "system")
+    for name in ("server.py", "requirements.txt", "inference/__init__.py", "web/index.html"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("")
+    done = run([src / "system/install.sh", "--skip-pip"], root)
+    assert done.returncode == 0, done.stderr
+    # systemd's own units (sysinit.target, ...) come from the host, read-only.
+    host_units = Path("/usr/lib/systemd/system")
+    if not host_units.is_dir():
+        host_units = Path("/lib/systemd/system")
+    (root / "usr/lib/systemd").mkdir(parents=True)
+    (root / "usr/lib/systemd/system").symlink_to(host_units)
+    mirror_host_path(root, root / "opt/deskchat/venv/bin/python")
+    return root
+
+
+def verify(root: Path, *units: str) -> tuple[int, list[str]]:
+    """systemd-analyze verify under root: exit code and the lines about deskchat.
+
+    The host unit directory seen through --root makes systemd warn about the host's own
+    absolute symlinks; only lines naming deskchat units or paths concern us.
+    """
+    analyze = need("systemd-analyze")
+    result = subprocess.run(
+        [analyze, "verify", f"--root={root}", *units], capture_output=True, text=True
+    )
+    lines = (result.stdout + result.stderr).splitlines()
+    return result.returncode, [line for line in lines if "deskchat" in line]
+
+
+def test_units_pass_systemd_analyze_verify(installed_root: Path) -> None:
+    code, complaints = verify(installed_root, *UNITS)
+    assert code == 0 and complaints == [], complaints
+
+
+def test_verify_catches_a_broken_unit(installed_root: Path) -> None:
+    """The check above can fail: a typo and a missing binary are both reported."""
+    unit = installed_root / "etc/systemd/system/deskchat.service"
+    good = unit.read_text()
+    try:
+        unit.write_text(good.replace("ProtectClock=", "ProtectClok="))
+        assert verify(installed_root, "deskchat.service")[1]
+        unit.write_text(good.replace("/venv/bin/python", "/venv/bin/pithon"))
+        assert verify(installed_root, "deskchat.service")[0] != 0
+    finally:
+        unit.write_text(good)
+
+
+def test_security_exposure_below_limit() -> None:
+    analyze = need("systemd-analyze")
+    result = subprocess.run(
+        [analyze, "security", "--offline=true", str(SYSTEM / "deskchat.service")],
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"Overall exposure level for deskchat\.service: ([0-9.]+)", result.stdout)
+    assert found, result.stdout + result.stderr
+    assert float(found.group(1)) < MAX_EXPOSURE, result.stdout
+
+
+def test_service_contract() -> None:
+    s = settings("deskchat.service")
+    one = {key: values[-1] for key, values in s.items()}
+    assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
+    assert one["WatchdogSec"] == "60" and one["Restart"] == "on-failure"
+    assert one["ExecStart"] == "/opt/deskchat/venv/bin/python /opt/deskchat/app/server.py"
+    assert "DESKCHAT_CACHE_DIR=/var/cache/deskchat" in s["Environment"]
+    assert "THP_MEM_ALLOC_ENABLE=1" in s["Environment"]
+    assert one["CacheDirectory"] == "deskchat" and one["StateDirectory"] == "deskchat"
+    assert one["CapabilityBoundingSet"] == ""
+    assert one["RestrictAddressFamilies"] == "AF_INET AF_INET6 AF_UNIX"
+    # oneDNN JIT-compiles kernels; ModelScope must stay reachable on first start.
+    assert "MemoryDenyWriteExecute" not in s
+    assert all("any" not in v.split() for v in s.get("IPAddressDeny", []))
+
+
+def test_tune_unit_contract() -> None:
+    one = {key: values[-1] for key, values in settings("deskchat-tune.service").items()}
+    assert one["Type"] == "oneshot" and one["RemainAfterExit"] == "yes"
+    assert one["ExecStart"].endswith("/system/tune.sh apply")
+    assert one["ExecStop"].endswith("/system/tune.sh revert")
