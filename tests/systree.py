@@ -109,3 +109,17 @@ def unprivileged() -> list[str]:
     if setpriv is None:
         pytest.skip("setpriv (util-linux) is needed to drop root for this test")
     return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def fake_checkout(src: Path) -> Path:
+    """A minimal deskchat checkout: the real system/ plus stand-ins for the Python app."""
+    shutil.copytree(SYSTEM, src / "system", ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "server.py").write_text("print('deskchat')\n")
+    (src / "requirements.txt").write_text("flask==3.1.3\n")
+    (src / "README.md").write_text("# deskchat\n")
+    (src / "inference/__pycache__").mkdir(parents=True)
+    (src / "inference/__init__.py").write_text("")
+    (src / "inference/__pycache__/x.pyc").write_bytes(b"\0")
+    (src / "web").mkdir()
+    (src / "web/app.py").write_text("")
+    return src

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.systree import SYSTEM, THP, make_tree, run, snapshot, unprivileged
+from tests.systree import SYSTEM, THP, fake_checkout, make_tree, run, snapshot, unprivileged
 
 PREFIX = "/srv/deskchat"
 SKIP_PIP = {"DESKCHAT_INSTALL_SKIP_PIP": "1"}
@@ -17,19 +16,7 @@ UNITS = ("deskchat.service", "deskchat-tune.service")
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    """A minimal deskchat checkout: the real system/ plus stand-ins for the Python app."""
-    src = tmp_path / "src"
-    shutil.copytree(SYSTEM, src / "system", ignore=shutil.ignore_patterns("__pycache__"))
-    (src / "server.py").parent.mkdir(parents=True, exist_ok=True)
-    (src / "server.py").write_text("print('deskchat')\n")
-    (src / "requirements.txt").write_text("flask==3.1.3\n")
-    (src / "README.md").write_text("# deskchat\n")
-    (src / "inference/__pycache__").mkdir(parents=True)
-    (src / "inference/__init__.py").write_text("")
-    (src / "inference/__pycache__/x.pyc").write_bytes(b"\0")
-    (src / "web").mkdir()
-    (src / "web/index.html").write_text("<!doctype html>\n")
-    return src
+    return fake_checkout(tmp_path / "src")
 
 
 @pytest.fixture
@@ -56,7 +43,7 @@ def test_install_uninstall_round_trip(src: Path, root: Path) -> None:
     assert done.returncode == 0, done.stderr
     app = root / PREFIX.lstrip("/") / "app"
     assert (app / "server.py").read_text() == "print('deskchat')\n"
-    assert (app / "web/index.html").exists()
+    assert (app / "web/app.py").exists()
     assert not (app / "inference/__pycache__").exists()
     assert os.access(app / "system/tune.sh", os.X_OK)
     assert os.access(root / PREFIX.lstrip("/") / "venv/bin/python", os.X_OK)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.systree import SYSTEM, run
+from tests.systree import SYSTEM, fake_checkout, run
 
 UNITS = ("deskchat.service", "deskchat-tune.service")
 MAX_EXPOSURE = 3.0
@@ -65,10 +65,7 @@ def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need("systemctl")
     root = tmp_path_factory.mktemp("root")
     src = tmp_path_factory.mktemp("src")
-    shutil.copytree(SYSTEM, src / "system")
-    for name in ("server.py", "requirements.txt", "inference/__init__.py", "web/index.html"):
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text("")
+    fake_checkout(src)
     done = run([src / "system/install.sh", "--skip-pip"], root)
     assert done.returncode == 0, done.stderr
     # systemd's own units (sysinit.target, ...) come from the host, read-only.
