@@ -6,6 +6,7 @@ READY=1 only after the warm-up generation, WATCHDOG=1 only while the inference t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -79,11 +80,24 @@ def make_http_server(config: Config, runtime: Runtime):
     )
 
 
+def start_http_thread(server) -> threading.Thread:
+    """Serve in a daemon thread; closing the server from elsewhere ends it quietly."""
+
+    def run() -> None:
+        # waitress' select() fails on the sockets that server.close() shut: that is the end.
+        with contextlib.suppress(OSError):
+            server.run()
+
+    thread = threading.Thread(target=run, name="http", daemon=True)
+    thread.start()
+    return thread
+
+
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
     server = make_http_server(config, runtime)
-    threading.Thread(target=server.run, name="http", daemon=True).start()
+    start_http_thread(server)
     log.info("listening on http://%s:%d (%d HTTP threads)", config.host, config.port,
              config.waitress_threads)
 

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from inference.config import load_config
 from inference.worker import Worker
-from server import make_http_server
+from server import make_http_server, start_http_thread
 from tests.fakes import FakeEngine, FakePrompts
 from tests.httpclient import request
 from web.app import Runtime
@@ -44,8 +43,7 @@ class InProcessServer:
             self.runtime.model_name = engine.name
             self.runtime.worker = self.worker
         self.server = make_http_server(self.config, self.runtime)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
+        start_http_thread(self.server)
         self.url = f"http://127.0.0.1:{self.config.port}"
 
     def close(self):
