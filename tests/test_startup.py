@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import free_port
-from tests.httpclient import request
+from tests.httpclient import chat, request
 
 
 def unreachable_hub() -> str:
@@ -99,3 +99,28 @@ def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
         assert "STOPPING=1" in listener.texts()
     finally:
         listener.close()
+
+
+def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, tmp_path):
+    """The whole first-start path: snapshot_download from a loopback hub, load, serve; then a
+    second start from the cache with the hub gone and no fallback allowed."""
+    from inference.embedded import embedded_model_dir
+    from tests.conftest import TEST_CACHE
+    from tests.modelscope_standin import ModelScopeStandin
+
+    model_dir = embedded_model_dir(TEST_CACHE)  # a real model to play the default one
+    files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    cache = str(tmp_path / "cache")
+    with ModelScopeStandin({"Qwen/Qwen2.5-0.5B-Instruct": files}) as hub:
+        first = start_server("--modelscope-endpoint", hub.url, "--cache-dir", cache,
+                             "--strict-model")
+        assert "model.safetensors" in hub.file_requests()
+    reply = chat(first.url, {"message": "What is the capital of France?"}).json()
+    assert reply["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "Paris" in reply["response"]
+    assert first.stop() == 0
+
+    second = start_server("--modelscope-endpoint", unreachable_hub(), "--cache-dir", cache,
+                          "--strict-model")
+    health = request(second.url, "GET", "/health").json()
+    assert health["model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert " WARNING " not in second.log()
