@@ -15,9 +15,11 @@ class FakeEngine:
     name = "fake"
     context_tokens = 4096
 
-    def __init__(self, token_s: float = 0.01, fail_on: str | None = None):
+    def __init__(self, token_s: float = 0.01, fail_on: str | None = None,
+                 prefill_s: float = 0.0):
         self.token_s = token_s
         self.fail_on = fail_on
+        self.prefill_s = prefill_s  # an uninterruptible pause before the first token
         self.ran: list[list[int]] = []  # prompt ids, in the order generation started
         self.tokens_made: list[int] = []  # tokens produced per run
         self.started = threading.Event()
@@ -28,6 +30,7 @@ class FakeEngine:
         if self.fail_on is not None and prompt_ids == [ord(c) for c in self.fail_on]:
             raise RuntimeError("scripted failure")
         made = 0
+        time.sleep(self.prefill_s)
         try:
             while made < sampling.max_tokens:
                 if should_stop():

@@ -188,8 +188,9 @@ def test_health_answers_fast_while_busy_and_full(fake_server):
 
 
 def test_deadline_in_queue_is_504(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02), "--request-timeout", "0.5")
-    runner = Stream_in_thread(server.url, {"message": "run", "max_tokens": 100_000})
+    # The running job is in a long prefill that no flag can interrupt; the next one expires.
+    server = fake_server(FakeEngine(token_s=0.02, prefill_s=1.5), "--request-timeout", "0.5")
+    runner = Stream_in_thread(server.url, {"message": "run", "max_tokens": 5})
     assert server.engine.started.wait(5)
     started = time.monotonic()
     assert_error(chat(server.url, {"message": "late"}), 504, "timeout")
@@ -247,3 +248,10 @@ def test_client_leaving_while_queued_drops_the_job(fake_server):
     runner.close()
     assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 3)
     assert [ord(c) for c in "gone"] not in server.engine.ran
+
+
+def test_json_without_content_type_is_accepted(fake_server):
+    server = fake_server(FakeEngine(token_s=0.0))
+    reply = request(server.url, "POST", "/chat", raw=b'{"message": "hi", "max_tokens": 1}',
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] == 1

@@ -113,9 +113,9 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     def chat():
         if not runtime.ready:
             raise Loading()
-        body = request.get_json(silent=True)
+        body = request.get_json(force=True, silent=True)  # tools often omit Content-Type
         if body is None:
-            raise InvalidRequest("the body must be JSON (Content-Type: application/json)")
+            raise InvalidRequest("the body must be a JSON object")
         chat_request = validate_chat_request(body)
         job = runtime.worker.submit(_job_for(chat_request, config, runtime.prompts))
         disconnected = request.environ.get("waitress.client_disconnected", lambda: False)
