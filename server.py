@@ -1,20 +1,19 @@
 """deskchat's entry point: settings -> HTTP up (503 while loading) -> model -> warm-up -> ready.
 
 Readiness is told to systemd through sd_notify: STATUS= while fetching/loading/warming up,
-READY=1 only after the warm-up generation, WATCHDOG=1 only while the inference thread lives.
+READY=1 only after the warm-up generation, WATCHDOG=1 only while the inference thread shows
+progress. SIGTERM stops it in order: new and queued requests get 503, then the port closes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
-
-from waitress.server import create_server
+import time
 
 from inference.config import Config, ConfigError, load_config
 from inference.embedded import EmbeddedMissing
@@ -22,10 +21,12 @@ from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
 from inference.worker import Worker
 from web.app import Runtime, create_app
+from web.transport import make_http_server, start_http_thread
 
 log = logging.getLogger("deskchat")
 
 WARMUP_TOKENS = 8
+DRAIN_S = 1.0  # after the worker stops: time for handlers to send their 503s
 
 
 class Notifier:
@@ -51,52 +52,34 @@ class Notifier:
 
 
 def _watchdog(notifier: Notifier, worker: Worker, stop: threading.Event) -> None:
-    """Ping systemd at half its WatchdogSec, and only while the inference thread is alive."""
-    usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
-    if usec <= 0:
+    """Ping systemd at half its WatchdogSec while the inference thread lives and shows a
+    sign of progress (a token, or an idle tick) within the last WatchdogSec."""
+    period = int(os.environ.get("WATCHDOG_USEC", "0") or 0) / 1e6
+    if period <= 0:
         return
-    while not stop.wait(usec / 2e6):
-        if worker.alive:
+    while not stop.wait(period / 2):
+        if worker.alive and time.monotonic() - worker.heartbeat < period:
             notifier.send("WATCHDOG=1")
 
 
-def _warm_up(worker: Worker, runtime_prompts) -> None:
-    ids = runtime_prompts.encode([{"role": "user", "content": "Hello"}])
-    worker.run_now(ids, Sampling(max_tokens=WARMUP_TOKENS))
-
-
-def make_http_server(config: Config, runtime: Runtime):
-    """The waitress server around create_app(); bound at once, served by .run()."""
-    return create_server(
-        create_app(config, runtime),
-        host=config.host,
-        port=config.port,
-        threads=config.waitress_threads,
-        channel_request_lookahead=1,  # gives handlers environ["waitress.client_disconnected"]
-        # waitress answers over-size bodies in plain text before Flask sees them; give it a
-        # roomier bound so the app's own limit, with its JSON error, is the one users meet.
-        max_request_body_size=max(1 << 20, 16 * config.max_body_bytes),
-        ident="deskchat",
-    )
-
-
-def start_http_thread(server) -> threading.Thread:
-    """Serve in a daemon thread; closing the server from elsewhere ends it quietly."""
-
-    def run() -> None:
-        # waitress' select() fails on the sockets that server.close() shut: that is the end.
-        with contextlib.suppress(OSError):
-            server.run()
-
-    thread = threading.Thread(target=run, name="http", daemon=True)
-    thread.start()
-    return thread
+class _Interrupted(Exception):
+    """SIGTERM or SIGINT arrived before the service was ready."""
 
 
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
-    server = make_http_server(config, runtime)
+    stop = threading.Event()
+
+    def on_signal(*_):
+        if not runtime.ready:
+            raise _Interrupted()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    server = make_http_server(config, create_app(config, runtime))
     start_http_thread(server)
     log.info("listening on http://%s:%d (%d HTTP threads)", config.host, config.port,
              config.waitress_threads)
@@ -105,32 +88,41 @@ def serve(config: Config) -> int:
         runtime.status = text
         notifier.status(text)
 
+    worker = None
     try:
         choice = choose_model(config, status)
         engine, prompts = load_model(choice, config, status)
-    except (ModelLoadError, EmbeddedMissing) as exc:
-        log.error("cannot start: %s", exc)
-        notifier.send(f"STATUS=failed: {exc}")
+        worker = Worker(engine, config.max_queue).start()
+        status("warming up")
+        worker.run_now(prompts.encode([{"role": "user", "content": "Hello"}]),
+                       Sampling(max_tokens=WARMUP_TOKENS))
+    except (_Interrupted, ModelLoadError, EmbeddedMissing, Exception) as exc:
+        if worker is not None:
+            worker.stop()
         server.close()
-        return 2
+        if isinstance(exc, _Interrupted):
+            log.info("stopped before the model was ready")
+            return 0
+        if isinstance(exc, ModelLoadError | EmbeddedMissing):
+            log.error("cannot start: %s", exc)
+        else:
+            log.exception("cannot start: unexpected error while loading the model")
+        notifier.send(f"STATUS=failed: {exc}")
+        return 2 if isinstance(exc, ModelLoadError | EmbeddedMissing) else 1
 
-    worker = Worker(engine, config.max_queue).start()
-    status("warming up")
-    _warm_up(worker, prompts)
-    runtime.prompts, runtime.model_name, runtime.status = prompts, engine.name, "ready"
+    runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.worker = worker  # last: from here on /chat and /health serve
     status(f"ready: serving {engine.name}")
     notifier.send("READY=1")
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=_watchdog, args=(notifier, worker, stop), daemon=True).start()
+
     stop.wait()
     notifier.send("STOPPING=1")
-    log.info("stopping")
-    server.close()
+    log.info("stopping: refusing new requests, ending queued and running ones with 503")
     worker.stop()
+    time.sleep(DRAIN_S)
+    server.close()
+    log.info("stopped")
     return 0
 
 

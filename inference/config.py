@@ -174,6 +174,10 @@ def load_config(
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     config = Config(**values)
+    if 0 < config.http_threads < config.max_queue + 2:
+        raise ConfigError(f"--http-threads {config.http_threads} is too few: the running job "
+                          f"and {config.max_queue} queued ones hold a thread each, and "
+                          f"/health needs one more (at least {config.max_queue + 2})")
     if config.max_tokens_default > config.max_tokens_cap:
         config = dataclasses.replace(config, max_tokens_default=config.max_tokens_cap)
     return config

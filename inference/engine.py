@@ -15,6 +15,11 @@ import torch
 from transformers import DynamicCache
 
 from inference.jobs import Sampling
+from inference.text import TextAssembler
+
+# Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
+# temperature means "greedy" anyway.
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -22,50 +27,6 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "interrupted"
     completion_tokens: int
     ttft_s: float  # start of run() to the first token
-
-
-class TextAssembler:
-    """Incremental detokenization that never emits half a character or part of a stop string."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self._tokenizer = tokenizer
-        self._stop = stop
-        self._ids: list[int] = []
-        self._emitted = 0  # characters of the decoded text already handed out
-        self.stopped = False
-
-    def add(self, token_id: int) -> str:
-        """Returns the text that is now safe to emit (may be empty)."""
-        self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        cut = min((i for i in (text.find(s, self._emitted) for s in self._stop) if i >= 0),
-                  default=-1)
-        if cut >= 0:
-            self.stopped = True
-            return self._take(text, cut)
-        return self._take(text, len(text) - self._held_back(text))
-
-    def flush(self) -> str:
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
-        return "" if self.stopped else self._take(text, len(text))
-
-    def _held_back(self, text: str) -> int:
-        """Length of the longest tail of `text` that could still grow into a stop string."""
-        tail = text[self._emitted:]
-        best = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(tail)), best, -1):
-                if s.startswith(tail[-n:]):
-                    best = n
-                    break
-        return best
-
-    def _take(self, text: str, end: int) -> str:
-        piece = text[self._emitted:end] if end > self._emitted else ""
-        self._emitted = max(self._emitted, end)
-        return piece
 
 
 class Engine:
@@ -122,7 +83,7 @@ class Engine:
 
 def _pick(logits: torch.Tensor, sampling: Sampling) -> int:
     """Greedy when temperature is 0, else temperature + nucleus (top_p) sampling."""
-    if sampling.temperature <= 0:
+    if sampling.temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:

@@ -44,7 +44,6 @@ class Overloaded(ServiceError):
 
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
-        self.retry_after_s = retry_after_s
 
 
 class Loading(ServiceError):
@@ -53,6 +52,16 @@ class Loading(ServiceError):
 
     def __init__(self, message: str = "the model is still loading; try again shortly"):
         super().__init__(message, headers={"Retry-After": "5"})
+
+
+class Unavailable(ServiceError):
+    """The server is stopping, or its inference thread is gone: retry after a restart."""
+
+    status_code = 503
+    type = "unavailable"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"Retry-After": "10"})
 
 
 class Timeout(ServiceError):

@@ -74,6 +74,7 @@ class Job:
     id: str = field(default_factory=new_request_id)
     created: float = field(default_factory=time.monotonic)
     events: queue.Queue = field(default_factory=queue.Queue)
+    started: bool = False  # set by the worker when it takes the job
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     @property

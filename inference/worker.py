@@ -17,29 +17,39 @@ import time
 from typing import Protocol
 
 from inference.engine import Generation
-from inference.errors import Cancelled, Internal, Overloaded, ServiceError, Timeout
+from inference.errors import (
+    Cancelled,
+    Internal,
+    Overloaded,
+    ServiceError,
+    Timeout,
+    Unavailable,
+)
 from inference.jobs import Delta, Done, Failed, Job, Sampling, Usage
 
 log = logging.getLogger("deskchat.worker")
 
-_STOP = object()  # sentinel that ends the thread
+IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
 
 
 class EngineLike(Protocol):
     name: str
-    context_tokens: int
 
     def run(self, prompt_ids, sampling: Sampling, emit, should_stop) -> Generation: ...
 
 
 class Worker:
+    """Owns the engine and the only thread that may call it: start(), submit(job), stop()."""
+
     def __init__(self, engine: EngineLike, max_queue: int):
         self.engine = engine
         self.capacity = max_queue
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._loop, name="inference", daemon=True)
+        self._stopping = threading.Event()
         self._current: Job | None = None
-        self._job_seconds = 5.0  # running mean of job time, for Retry-After
+        self._job_seconds = 5.0  # running estimate of a job's time, for Retry-After
+        self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
 
     # -- control ----------------------------------------------------------------------------
 
@@ -48,14 +58,13 @@ class Worker:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what waits and what runs, and join the thread."""
-        self._drain(Cancelled("the server is shutting down"))
-        current = self._current
-        if current is not None:
-            current.cancel()
+        """Refuse new jobs, end the waiting and the running one with 503, join the thread."""
+        self._stopping.set()
+        self._drain()
         with contextlib.suppress(queue.Full):
-            self._queue.put(_STOP, timeout=timeout)
+            self._queue.put_nowait(None)  # wake the thread if it waits for work
         self._thread.join(timeout)
+        self._drain()  # anything submitted while the thread was finishing
 
     @property
     def alive(self) -> bool:
@@ -72,19 +81,25 @@ class Worker:
 
     # -- the HTTP side ----------------------------------------------------------------------
 
+    def check_room(self) -> None:
+        """Raise what submit() would for a full queue or a stopped worker, without a job."""
+        if self._stopping.is_set() or not self.alive:
+            raise Unavailable("the server is stopping or its inference thread is gone")
+        if self._queue.full():
+            raise self._overloaded()
+
     def submit(self, job: Job) -> Job:
+        self.check_room()
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise Overloaded(
-                f"the queue is full ({self.capacity} waiting); retry later",
-                retry_after_s=self.retry_after_s(),
-            ) from None
+            raise self._overloaded() from None
         return job
 
-    def retry_after_s(self) -> int:
-        """A fair guess of when a slot frees up: the mean job time, at least one second."""
-        return max(1, math.ceil(self._job_seconds))
+    def _overloaded(self) -> Overloaded:
+        # A fair guess of when a slot frees up: the job-time estimate, at least one second.
+        return Overloaded(f"the queue is full ({self.capacity} waiting); retry later",
+                          retry_after_s=max(1, math.ceil(self._job_seconds)))
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
         """Run one generation in the worker thread and wait for it (used for warm-up)."""
@@ -99,19 +114,34 @@ class Worker:
     # -- the thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
+        while not self._stopping.is_set():
+            self.heartbeat = time.monotonic()
+            try:
+                job = self._queue.get(timeout=IDLE_TICK_S)
+            except queue.Empty:
+                continue
+            if job is None:  # stop()'s wake-up call
+                continue
             self._current = job
             try:
-                job.events.put(self._serve(job))
+                outcome = self._serve(job)
+            except BaseException:  # the thread is going down: its job still gets its end
+                job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
+                raise
             finally:
                 self._current = None
+            job.events.put(outcome)
+
+    def _should_stop(self, job: Job) -> bool:
+        self.heartbeat = time.monotonic()
+        return job.cancelled or job.expired() or self._stopping.is_set()
 
     def _serve(self, job: Job) -> Done | Failed:
         picked = time.monotonic()
+        job.started = True
         queued_ms = (picked - job.created) * 1000
+        if self._stopping.is_set():
+            return Failed(Unavailable("the server is stopping"))
         if job.cancelled:
             return Failed(Cancelled("the client went away while queued"))
         if job.expired():
@@ -122,21 +152,17 @@ class Worker:
                 job.prompt_ids,
                 job.sampling,
                 lambda text: job.events.put(Delta(text)),
-                lambda: job.cancelled or job.expired(),
+                lambda: self._should_stop(job),
             )
         except ServiceError as exc:
             return Failed(exc)
         except Exception:
             log.exception("generation failed for %s", job.id)
             return Failed(Internal(f"generation failed (request {job.id}); see the server log"))
-        finally:
-            self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - picked)
-        if result.finish_reason == "interrupted":
-            if job.cancelled:
-                return Failed(Cancelled("the client went away"))
-            return Failed(Timeout(f"the request passed its {job.timeout_s:g} s deadline "
-                                  f"after {result.completion_tokens} tokens"))
         done_at = time.monotonic()
+        if result.finish_reason == "interrupted":
+            return Failed(self._interruption(job, result))
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (done_at - picked)
         gen_s = done_at - picked
         return Done(
             finish_reason=result.finish_reason,
@@ -147,11 +173,19 @@ class Worker:
             tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
         )
 
-    def _drain(self, error: ServiceError) -> None:
+    def _interruption(self, job: Job, result: Generation) -> ServiceError:
+        if self._stopping.is_set():
+            return Unavailable("the server is stopping")
+        if job.cancelled:
+            return Cancelled("the client went away")
+        return Timeout(f"the request passed its {job.timeout_s:g} s deadline after "
+                       f"{result.completion_tokens} tokens")
+
+    def _drain(self) -> None:
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if job is not _STOP:
-                job.events.put(Failed(error))
+            if job is not None:
+                job.events.put(Failed(Unavailable("the server is stopping")))

@@ -17,7 +17,7 @@ from inference.worker import Worker
 from server import make_http_server, start_http_thread
 from tests.fakes import FakeEngine, FakePrompts
 from tests.httpclient import request
-from web.app import Runtime
+from web.app import Runtime, create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 # Converted models are kept between runs so only the first run pays for the conversion.
@@ -42,7 +42,7 @@ class InProcessServer:
             self.runtime.prompts = FakePrompts()
             self.runtime.model_name = engine.name
             self.runtime.worker = self.worker
-        self.server = make_http_server(self.config, self.runtime)
+        self.server = make_http_server(self.config, create_app(self.config, self.runtime))
         start_http_thread(self.server)
         self.url = f"http://127.0.0.1:{self.config.port}"
 

@@ -29,6 +29,7 @@ def test_booleans_from_environment_and_flags():
     (["--max-queue", "zero"], {}, "--max-queue"),
     ([], {"DESKCHAT_PORT": "0"}, "DESKCHAT_PORT"),
     ([], {"DESKCHAT_STRICT_MODEL": "maybe"}, "DESKCHAT_STRICT_MODEL"),
+    (["--max-queue", "4", "--http-threads", "5"], {}, "--http-threads"),
 ])
 def test_bad_values_name_their_source(argv, environ, named):
     with pytest.raises(ConfigError, match=named):

@@ -47,6 +47,8 @@ BAD_BODIES = [
     pytest.param({"message": "hi", "system": ""}, id="empty system"),
     pytest.param({"message": "hi", "mesage": "typo"}, id="unknown field"),
     pytest.param([1, 2], id="not an object"),
+    pytest.param({"message": "\ud800"}, id="lone surrogate"),
+    pytest.param({"message": "hi", "stop": ["\udfff"]}, id="surrogate stop"),
 ]
 
 
@@ -57,10 +59,53 @@ def test_invalid_requests_are_400(fake_server, body):
     assert server.engine.ran == []
 
 
-def test_not_json_is_400(fake_server):
+@pytest.mark.parametrize("raw", [
+    pytest.param(b"{not json", id="not json"),
+    pytest.param(b'{"message": "hi", "temperature": NaN}', id="NaN"),
+    pytest.param(b'{"message": "hi", "top_p": Infinity}', id="Infinity"),
+    pytest.param(b"[" * 30000 + b"]" * 30000, id="deep nesting"),
+    pytest.param(b'{"message": "hi", "max_tokens": ' + b"9" * 5000 + b"}", id="huge integer"),
+    pytest.param(b'{"message": "\xff\xfe"}', id="not utf-8"),
+])
+def test_malformed_json_is_400(fake_server, raw):
     server = fake_server()
-    reply = request(server.url, "POST", "/chat", raw=b"{not json")
-    assert_error(reply, 400, "invalid_request")
+    assert_error(request(server.url, "POST", "/chat", raw=raw), 400, "invalid_request")
+    assert server.engine.ran == []
+
+
+def test_options_is_405_json(fake_server):
+    assert_error(request(fake_server().url, "OPTIONS", "/chat"), 405, "method_not_allowed")
+
+
+def test_404_does_not_echo_a_huge_path(fake_server):
+    reply = request(fake_server().url, "GET", "/" + "a" * 20000)
+    assert_error(reply, 404, "not_found")
+    assert len(reply.body) < 500
+
+
+def raw_exchange(url: str, data: bytes) -> tuple[bytes, bytes]:
+    """Send raw bytes, read until the server closes; (head, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(data)
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_body_over_waitress_own_limit_is_413_json(fake_server):
+    server = fake_server(None, "--max-body-bytes", "1024")
+    head, body = raw_exchange(server.url, b"POST /chat HTTP/1.1\r\nHost: x\r\n"
+                                          b"Content-Length: 5000000\r\n\r\n{")
+    assert head.startswith(b"HTTP/1.1 413") and b"application/json" in head
+    assert json.loads(body)["error"]["type"] == "too_large"
+
+
+def test_malformed_http_is_400_json(fake_server):
+    head, body = raw_exchange(fake_server().url, b"POST /chat HTTP/1.1\r\nHost: x\r\n"
+                                                 b"Content-Length: nope\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(body)["error"]["type"] == "invalid_request"
 
 
 def test_unknown_path_is_404_json(fake_server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import tempfile
 import threading
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import free_port
-from tests.httpclient import chat, request
+from tests.httpclient import Stream, chat, request, wait_until
 
 
 def unreachable_hub() -> str:
@@ -124,3 +125,31 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     health = request(second.url, "GET", "/health").json()
     assert health["model"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert " WARNING " not in second.log()
+
+
+def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
+    server = start_server("--model", "embedded", "--max-queue", "2")
+    running = Stream(server.url, {"message": "Tell me a very long story.", "max_tokens": 1000})
+    events = running.events()
+    next(events)
+    queued: dict = {}
+    waiter = threading.Thread(target=lambda: queued.update(r=chat(server.url, {"message": "hi"})))
+    waiter.start()
+    assert wait_until(lambda: request(server.url, "GET", "/health").json()["queue"]["depth"], 5)
+    server.proc.send_signal(signal.SIGTERM)
+    rest = list(events)
+    running.close()
+    waiter.join(10)
+    assert rest[-1][0] == "error" and rest[-1][1]["error"]["code"] == 503
+    assert rest[-1][1]["error"]["type"] == "unavailable"
+    assert queued["r"].status == 503 and queued["r"].json()["error"]["type"] == "unavailable"
+    assert server.proc.wait(15) == 0
+    assert "Traceback" not in server.log()
+
+
+def test_sigterm_while_loading_exits_cleanly(start_server):
+    server = start_server("--model", "embedded", ready=False)
+    assert wait_until(lambda: "listening on" in server.log(), 30)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    assert "Traceback" not in server.log()

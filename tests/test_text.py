@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from inference.embedded import embedded_model_dir
-from inference.engine import TextAssembler
+from inference.text import TextAssembler
 from tests.conftest import TEST_CACHE
 
 SAMPLE = "Hello, 世界! Café ☕ 🙂 naïve — done."
@@ -46,3 +46,9 @@ def test_a_stop_string_that_never_comes_holds_nothing_back_at_the_end(tokenizer)
     pieces, assembler = feed(tokenizer, SAMPLE, ("done!",))
     assert not assembler.stopped
     assert "".join(pieces) == SAMPLE
+
+
+def test_long_mixed_text_streams_exactly(tokenizer):
+    text = " ".join(f"第{i}行: naïve café {i} 🙂 — déjà vu." for i in range(60))
+    pieces, _ = feed(tokenizer, text)
+    assert "".join(pieces) == text

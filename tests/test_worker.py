@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from inference.errors import Cancelled, Internal, Overloaded, Timeout
+from inference.errors import Cancelled, Internal, Overloaded, Timeout, Unavailable
 from inference.jobs import Delta, Done, Failed, Job, Sampling
 from inference.worker import Worker
 from tests.fakes import FakeEngine
+from tests.httpclient import wait_until
 
 
 def ids(text: str) -> list[int]:
@@ -161,5 +162,23 @@ def test_stop_ends_waiting_and_running_jobs(worker_for):
     assert engine.started.wait(5)
     worker.stop()
     assert not worker.alive
-    assert isinstance(terminal_events(running)[1].error, Cancelled)
-    assert isinstance(terminal_events(waiting)[1].error, Cancelled)
+    assert isinstance(terminal_events(running)[1].error, Unavailable)
+    assert isinstance(terminal_events(waiting)[1].error, Unavailable)
+    with pytest.raises(Unavailable):
+        worker.submit(Job(ids("late"), Sampling(max_tokens=1), timeout_s=30))
+
+
+class DyingEngine(FakeEngine):
+    def run(self, prompt_ids, sampling, emit, should_stop):
+        raise SystemExit("gone")  # not an Exception: nothing in the loop may swallow it
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_thread_ends_its_job_and_refuses_new_ones_at_once(worker_for):
+    worker = worker_for(DyingEngine())
+    job = worker.submit(Job(ids("x"), Sampling(max_tokens=1), timeout_s=30))
+    assert isinstance(terminal_events(job)[1].error, Internal)
+    assert wait_until(lambda: not worker.alive, 5)
+    with pytest.raises(Unavailable):
+        worker.submit(Job(ids("y"), Sampling(max_tokens=1), timeout_s=30))
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 from inference.errors import InvalidRequest
@@ -30,12 +32,20 @@ def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _valid_unicode(value: str, what: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800"
+        raise InvalidRequest(f"{what} is not valid Unicode text") from None
+    return value
+
+
 def _text(value, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidRequest(f"{what} must be a string")
     if not value.strip():
         raise InvalidRequest(f"{what} is empty")
-    return value
+    return _valid_unicode(value, what)
 
 
 def _messages(body: dict) -> list[dict]:
@@ -64,8 +74,8 @@ def _messages(body: dict) -> list[dict]:
 def _number(body: dict, key: str, default: float, low: float, high: float,
             low_open: bool = False) -> float:
     value = body.get(key, default)
-    if not _is_number(value):
-        raise InvalidRequest(f"'{key}' must be a number")
+    if not _is_number(value) or not math.isfinite(value):
+        raise InvalidRequest(f"'{key}' must be a finite number")
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise InvalidRequest(f"'{key}' must be in {bracket}{low:g}, {high:g}], got {value}")
@@ -82,7 +92,21 @@ def _stop(body: dict) -> tuple[str, ...]:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
             raise InvalidRequest(f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} "
                                  "characters")
+        _valid_unicode(s, "'stop'")
     return tuple(stop)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(data: bytes):
+    """The body as JSON, or InvalidRequest saying why not (NaN, absurd nesting included)."""
+    try:
+        return json.loads(data, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidRequest(f"the body is not valid JSON: {reason}"[:300]) from None
 
 
 def validate_chat_request(body) -> ChatRequest:

@@ -1,0 +1,62 @@
+"""The lean decode loop against transformers' own generate(), on the real embedded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.config import load_config
+from inference.embedded import EMBEDDED_NAME, embedded_model_dir
+from inference.engine import _pick
+from inference.jobs import Sampling
+from inference.loading import ModelChoice, load_model
+from tests.conftest import TEST_CACHE
+
+QUESTIONS = ["What is the capital of France?", "写一个 Python 函数，计算斐波那契数列。",
+             "List three fruits."]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    config = load_config(["--cache-dir", str(TEST_CACHE)], environ={})
+    choice = ModelChoice(embedded_model_dir(TEST_CACHE), EMBEDDED_NAME)
+    return load_model(choice, config, lambda _: None)
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_greedy_run_matches_generate(loaded, question):
+    engine, prompts = loaded
+    ids = prompts.encode([{"role": "user", "content": question}])
+    pieces: list[str] = []
+    result = engine.run(ids, Sampling(max_tokens=40), pieces.append, lambda: False)
+    with torch.inference_mode():
+        out = engine.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,
+                                    eos_token_id=sorted(engine.eos_ids))
+    expected = engine.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert "".join(pieces) == expected
+    assert result.completion_tokens == len(out[0]) - len(ids)
+
+
+def test_should_stop_is_obeyed_within_a_token(loaded):
+    engine, prompts = loaded
+    ids = prompts.encode([{"role": "user", "content": "Tell me a long story."}])
+    calls = []
+
+    def stop_after_three():
+        calls.append(1)
+        return len(calls) > 3
+
+    result = engine.run(ids, Sampling(max_tokens=200), lambda _: None, stop_after_three)
+    assert result.finish_reason == "interrupted" and result.completion_tokens <= 3
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+    logits = torch.tensor([0.0, 5.0, 1.0])
+    assert _pick(logits, Sampling(max_tokens=1, temperature=1e-300)) == 1
+
+
+def test_sampling_respects_top_p():
+    logits = torch.tensor([10.0, 9.9, -50.0, -50.0])
+    picks = {_pick(logits, Sampling(max_tokens=1, temperature=1.0, top_p=0.5))
+             for _ in range(50)}
+    assert picks == {0}
