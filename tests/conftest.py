@@ -68,15 +68,18 @@ def fake_server():
 class ServerProcess:
     """The real `python server.py` on a loopback port, its log in a file."""
 
-    def __init__(self, tmp: Path, *flags: str, env: dict | None = None):
+    def __init__(self, tmp: Path, *flags: str, env: dict | None = None,
+                 wrapper: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         args = [sys.executable, str(ROOT / "server.py"), "--port", str(self.port),
                 "--cache-dir", str(TEST_CACHE), *flags]
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.proc = subprocess.Popen(
+            [*(wrapper or []), *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
 
     def wait_ready(self, timeout: float = 300) -> ServerProcess:
         end = time.monotonic() + timeout
@@ -111,14 +114,19 @@ def start_server(tmp_path):
     """Start server.py with extra flags; stopped at teardown."""
     procs: list[ServerProcess] = []
 
-    def start(*flags: str, env: dict | None = None, ready: bool = True) -> ServerProcess:
-        proc = ServerProcess(tmp_path, *flags, env=env)
+    def start(*flags: str, env: dict | None = None, ready: bool = True,
+              wrapper: list[str] | None = None) -> ServerProcess:
+        proc = ServerProcess(tmp_path, *flags, env=env, wrapper=wrapper)
         procs.append(proc)
         return proc.wait_ready() if ready else proc
 
     yield start
     for p in procs:
         p.stop()
+
+
+# Runs a command in a network namespace of its own with only loopback up: no route out.
+NO_NETWORK = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "no-network"]
 
 
 @pytest.fixture(scope="module")

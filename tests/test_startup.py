@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import NO_NETWORK, free_port
 from tests.httpclient import Stream, chat, request, wait_until
 
 
@@ -120,11 +120,14 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     assert reply["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "Paris" in reply["response"]
     assert first.stop() == 0
 
-    second = start_server("--modelscope-endpoint", unreachable_hub(), "--cache-dir", cache,
-                          "--strict-model")
-    health = request(second.url, "GET", "/health").json()
-    assert health["model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    # Second start: no network at all (its own network namespace), no fallback allowed.
+    second = start_server("--cache-dir", cache, "--strict-model", wrapper=NO_NETWORK,
+                          ready=False)
+    assert wait_until(lambda: "ready: serving" in second.log() or second.proc.poll() is not None,
+                      120), second.log()
+    assert "ready: serving Qwen/Qwen2.5-0.5B-Instruct" in second.log(), second.log()
     assert " WARNING " not in second.log()
+    assert second.stop() == 0
 
 
 def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
