@@ -300,3 +300,18 @@ def test_json_without_content_type_is_accepted(fake_server):
     reply = request(server.url, "POST", "/chat", raw=b'{"message": "hi", "max_tokens": 1}',
                     headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] == 1
+
+
+def test_requests_are_answered_in_arrival_order(fake_server):
+    server = fake_server(FakeEngine(token_s=0.01), "--max-queue", "6")
+    runner = Stream_in_thread(server.url, {"message": "run", "max_tokens": 1000})
+    assert server.engine.started.wait(5)
+    names = [f"client{i}" for i in range(6)]
+    clients = []
+    for depth, name in enumerate(names, start=1):
+        clients.append(Stream_in_thread(server.url, {"message": name, "max_tokens": 2}))
+        assert wait_until(lambda d=depth: server.worker.depth == d, 5)  # arrived, in order
+    for c in [runner, *clients]:
+        c.close()
+    assert wait_until(lambda: len(server.engine.ran) == 7, 10)
+    assert server.engine.ran[1:] == [[ord(c) for c in name] for name in names]
