@@ -1,8 +1,10 @@
 """The decode loop: one prompt in, text deltas out, on a loaded transformers causal LM.
 
 A lean loop instead of `generate()`: one forward per token, the cancel/deadline check and
-the stop strings handled between tokens. It knows nothing of HTTP, queues or chat messages;
-only the worker thread calls `run()`.
+the stop strings handled between tokens. With `prefix_cache` the KV cache of the last run is
+kept, and a prompt that starts with the same ids (the next turn of that conversation) only
+runs its new suffix. It knows nothing of HTTP, queues or chat messages; only the worker
+thread calls `run()`.
 """
 
 from __future__ import annotations
@@ -71,12 +73,33 @@ class TextAssembler:
 class Engine:
     """Holds the model and the decode-side tokenizer."""
 
-    def __init__(self, model, tokenizer, name: str, context_tokens: int, eos_ids: set[int]):
+    def __init__(self, model, tokenizer, name: str, context_tokens: int, eos_ids: set[int],
+                 prefix_cache: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.context_tokens = context_tokens
         self.eos_ids = eos_ids
+        self.prefix_cache = prefix_cache
+        self.reused_tokens = 0  # prompt tokens the last run() took from the kept cache
+        self._kept: tuple[list[int], DynamicCache] | None = None  # ids fed, and their cache
+
+    def _start_cache(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+        """A cache and how many leading prompt ids it already holds."""
+        kept, self._kept = self._kept, None
+        if not self.prefix_cache or kept is None:
+            return DynamicCache(config=self.model.config), 0
+        ids, cache = kept
+        same = 0
+        for a, b in zip(ids, prompt_ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(prompt_ids) - 1)  # the last prompt id must run to give logits
+        if same <= 0:
+            return DynamicCache(config=self.model.config), 0
+        cache.crop(same - len(ids))  # a negative count: drop the tail that differs
+        return cache, same
 
     @torch.inference_mode()
     def run(
@@ -90,15 +113,22 @@ class Engine:
         ttft = 0.0
         budget = min(sampling.max_tokens, self.context_tokens - len(prompt_ids))
         text = TextAssembler(self.tokenizer, sampling.stop)
-        cache = DynamicCache(config=self.model.config)
-        inputs = torch.tensor([prompt_ids], dtype=torch.long)
+        cache, reused = self._start_cache(prompt_ids)
+        self.reused_tokens = reused
+        fed = list(prompt_ids[:reused])  # the ids whose keys and values are in `cache`
+        pending = list(prompt_ids[reused:])
+        inputs = torch.tensor([pending], dtype=torch.long)
         produced = 0
         finish = "length"
         while produced < budget:
             if should_stop():
                 finish = "interrupted"
                 break
+            self._kept = None  # a forward that fails half-way leaves the cache inconsistent
             out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
+            fed.extend(pending)
+            if self.prefix_cache:
+                self._kept = (fed, cache)  # set only after a forward that completed
             logits = out.logits
             token = _pick(logits[0, -1], sampling)
             if produced == 0:
@@ -113,7 +143,8 @@ class Engine:
             if text.stopped:
                 finish = "stop"
                 break
-            inputs = torch.tensor([[token]], dtype=torch.long)
+            pending = [token]
+            inputs = torch.tensor([pending], dtype=torch.long)
         tail = text.flush() if finish != "interrupted" else ""
         if tail:
             emit(tail)
