@@ -89,7 +89,7 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
 
     from inference.engine import Engine
     from inference.prompt import PromptBuilder
-    from inference.quantize import load_dtype, optimize_model
+    from inference.quantize import compute_dtype, load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
     torch.set_num_threads(config.threads)
@@ -97,13 +97,13 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(choice.path)
     prompt_tokenizer = AutoTokenizer.from_pretrained(choice.path)
-    model = AutoModelForCausalLM.from_pretrained(
-        choice.path, dtype=load_dtype(config.quantize, config.dtype)
-    )
-    model.eval()
-    status(f"optimizing {choice.name}: quantize={config.quantize}, dtype={config.dtype}")
-    calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-    model = optimize_model(model, config.quantize, config.dtype, calibration)
+    if config.quantize == "none":
+        dtype = compute_dtype(config.quantize, config.dtype)
+        model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)
+        model.eval()
+    else:
+        calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
+        model = load_quantized(choice.path, config.quantize, config.dtype, calibration)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info("loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)", choice.name,
              choice.path, time.monotonic() - started, config.threads, context, config.quantize)

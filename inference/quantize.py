@@ -1,13 +1,17 @@
-"""CPU optimisations applied to a loaded model: int8 / int4 Linear layers, bf16 where native.
+"""CPU optimisations at load time: int8 / int4 Linear layers, bf16 where native.
 
-Owns the choice of load dtype (bf16 when the Linear layers get quantized anyway, so the fp32
-copy of the model never exists in memory) and the in-place module surgery that follows. It
-knows nothing of tokenizers, prompts or the decode loop.
+Quantized models are built layer by layer straight from the safetensors files: one decoder
+layer's float weights exist at a time (read, calibrated, smoothed, quantized, freed), so the
+peak memory stays near the size of the quantized model instead of the float one. It knows
+nothing of tokenizers, prompts or the decode loop.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -35,19 +39,13 @@ def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
-    if dtype == "bfloat16" and quantize != "int8":
+    if dtype == "bfloat16" and quantize == "none":
         if native_bf16():
             return torch.bfloat16
         log.warning("dtype bfloat16 asked for, but this CPU has no native bf16: using float32")
     elif dtype == "bfloat16":
-        log.warning("dtype bfloat16 does not combine with int8 dynamic quantization: float32")
+        log.warning("dtype bfloat16 is only used with quantize=none: computing in float32")
     return torch.float32
-
-
-def load_dtype(quantize: str, dtype: str) -> torch.dtype:
-    """Load quantized models in bf16: half the peak memory of fp32, and lossless for
-    checkpoints stored in bf16 (as Qwen2.5's are)."""
-    return torch.bfloat16 if quantize != "none" else compute_dtype(quantize, dtype)
 
 
 class BF16Embedding(nn.Module):
@@ -63,91 +61,223 @@ class BF16Embedding(nn.Module):
         return nn.functional.embedding(input_ids, self.weight).to(self.out_dtype)
 
 
-def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    """torch.ao dynamic int8 Linear, per-channel symmetric weights, from any-dtype weights."""
+ROWS_PER_CHUNK = 4096  # float temporaries stay a few MB even for a 150k-row lm_head
+
+
+def _int8_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, column_scale: torch.Tensor | None = None
+) -> nn.Module:
+    """torch.ao dynamic int8 Linear with per-channel symmetric weights (what its
+    per_channel_dynamic_qconfig observer computes), quantized a block of rows at a time.
+    `column_scale` multiplies the weight's columns first (smoothing of a tied lm_head)."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-    from torch.ao.quantization import per_channel_dynamic_qconfig
 
     out_features, in_features = weight.shape
-    staging = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
-    staging.weight = nn.Parameter(weight.detach().float(), requires_grad=False)
-    if bias is not None:
-        staging.bias = nn.Parameter(bias.detach().float(), requires_grad=False)
-    staging.qconfig = per_channel_dynamic_qconfig
-    return DynamicLinear.from_float(staging)
+    q = torch.empty(out_features, in_features, dtype=torch.int8)
+    scale = torch.empty(out_features, dtype=torch.float64)
+    for start in range(0, out_features, ROWS_PER_CHUNK):
+        rows = slice(start, start + ROWS_PER_CHUNK)
+        w = weight.detach()[rows].to(torch.float32, copy=True)
+        if column_scale is not None:
+            w.mul_(column_scale)
+        s = (w.abs().amax(dim=1) / 127.5).clamp(min=torch.finfo(torch.float32).eps)
+        q[rows] = w.div_(s[:, None]).round_().clamp_(-128, 127).to(torch.int8)
+        scale[rows] = s
+    zero = torch.zeros(out_features, dtype=torch.int64)
+    qweight = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
+    del q  # before packing: three int8 copies of a big weight at once would set the peak
+    # Built 1x1 and then given its weight: the constructor would pack a full-size dummy.
+    linear = DynamicLinear(1, 1, bias_=bias is not None, dtype=torch.qint8)
+    linear.in_features, linear.out_features = in_features, out_features
+    linear.set_weight_bias(qweight, None if bias is None else bias.detach().float())
+    return linear
 
 
-def _quantized(weight: torch.Tensor, bias: torch.Tensor | None, quantize: str) -> nn.Module:
+class SplitLinear(nn.Module):
+    """A Linear quantized in blocks of output rows, outputs concatenated: quantizing a
+    151936-row lm_head in one piece would hold several int8 copies of it at once."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+HEAD_ROWS_PER_PART = 32768
+
+
+def quantized_head(weight: torch.Tensor, quantize: str, column_scale: torch.Tensor | None):
+    rows = weight.shape[0]
+    if rows <= HEAD_ROWS_PER_PART:
+        return quantized_linear(weight, None, quantize, column_scale)
+    return SplitLinear(
+        [
+            quantized_linear(weight[i : i + HEAD_ROWS_PER_PART], None, quantize, column_scale)
+            for i in range(0, rows, HEAD_ROWS_PER_PART)
+        ]
+    )
+
+
+def quantized_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantize: str,
+    column_scale: torch.Tensor | None = None,
+) -> nn.Module:
     if quantize == "int8":
-        return _int8_linear(weight, bias)
-    from inference.int4 import Int4Linear
+        return _int8_linear(weight, bias, column_scale)
+    if column_scale is not None:
+        weight = weight.float() * column_scale
+    if quantize == "int4":
+        from inference.int4 import Int4Linear
 
-    return Int4Linear(weight, bias)
+        return Int4Linear(weight, bias)
+    raise ValueError(f"not a quantization: {quantize!r}")
 
 
-def _replace_linears(module: nn.Module, quantize: str, skip: set[int]) -> int:
+def quantize_linears(module: nn.Module, quantize: str) -> int:
+    """Replace every nn.Linear below `module` by its quantized form; returns how many."""
     count = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear) and id(child) not in skip:
-            setattr(module, name, _quantized(child.weight, child.bias, quantize))
-            child.weight = None  # drop the float weight now: keeps the peak low
+        if isinstance(child, nn.Linear):
+            setattr(module, name, quantized_linear(child.weight, child.bias, quantize))
             count += 1
         else:
-            count += _replace_linears(child, quantize, skip)
+            count += quantize_linears(child, quantize)
     return count
 
 
-def optimize_model(
-    model: nn.Module, quantize: str, dtype: str, calibration_ids: torch.Tensor | None = None
-) -> nn.Module:
-    """Quantize the Linear layers (lm_head included) in place; return the model, ready.
+def _libc():
+    import ctypes
+    import ctypes.util
 
-    For int8, `calibration_ids` (one short tokenized text) turns on smoothing
-    (inference/smooth.py), without which small models' outlier channels ruin the answers.
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+def _steady_malloc() -> None:
+    """Serve allocations of 1 MB and more from mmap, always (glibc otherwise raises the
+    threshold after the first big free, and the freed weights stay in the heap's RSS)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
+def _trim_malloc() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+class CheckpointReader:
+    """Reads named tensors from a folder's safetensors file(s) into memory of their own."""
+
+    def __init__(self, folder: Path):
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.where = {k: folder / f for k, f in weight_map.items()}
+        else:
+            from safetensors import safe_open
+
+            single = folder / "model.safetensors"
+            with safe_open(single, framework="pt") as f:
+                self.where = dict.fromkeys(f.keys(), single)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def read(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        by_file = defaultdict(list)
+        for name in names:
+            by_file[self.where[name]].append(name)
+        out = {}
+        for file, keys in by_file.items():
+            with safe_open(file, framework="pt") as f:  # mapped only while reading
+                for key in keys:
+                    out[key] = f.get_tensor(key).to(dtype, copy=True)
+        return out
+
+    def read_prefix(self, prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        names = [k for k in self.where if k.startswith(prefix)]
+        return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
+
+
+def load_quantized(
+    folder: Path, quantize: str, dtype: str, calibration_ids: torch.Tensor | None = None
+) -> nn.Module:
+    """Build the model from `folder` with its Linears (lm_head included) quantized.
+
+    Llama-style decoders (Llama, Qwen2, SmolLM2, ...) only. For int8, `calibration_ids` turns
+    on smoothing (inference/smooth.py), without which small models' outlier channels ruin the
+    answers: each layer is calibrated on the float output of the layers before it.
     """
-    from inference.int4 import Int4Linear
-    from inference.smooth import smooth_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from inference import smooth
 
     target = compute_dtype(quantize, dtype)
-    if quantize == "none":
-        return model.to(target)
-    embed = model.get_input_embeddings()
-    head = model.get_output_embeddings()
+    _steady_malloc()
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=target)
+    decoder = model.model
+    reader = CheckpointReader(folder)
+    embed_table = reader.read(["model.embed_tokens.weight"], torch.bfloat16)
+    embed_table = embed_table["model.embed_tokens.weight"]
+    embed = BF16Embedding(embed_table, target, getattr(config, "pad_token_id", None))
+    decoder.embed_tokens = embed
+    decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
+    calibrate = quantize == "int8" and calibration_ids is not None
+    hidden = position = None
+    if calibrate:
+        hidden = embed(calibration_ids)
+        position = decoder.rotary_emb(hidden, torch.arange(hidden.shape[1])[None])
+    for i, layer in enumerate(decoder.layers):
+        layer.load_state_dict(reader.read_prefix(f"model.layers.{i}.", target), assign=True)
+        groups = smooth.layer_groups(layer) if calibrate else None
+        if groups:
+            with (
+                torch.inference_mode(),
+                smooth.record_input_absmax([g[2][0] for g in groups]) as absmax,
+            ):
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
+            smooth.smooth_layer(groups, absmax)
+        elif calibrate:
+            log.warning("layer %d is not Llama-style: int8 without smoothing", i)
+            with torch.inference_mode():
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
+        quantize_linears(layer, quantize)
+    decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
+    # lm_head gets its own quantized copy: with tied embeddings the embedding keeps its table.
+    if "lm_head.weight" in reader and not getattr(config, "tie_word_embeddings", False):
+        head_weight = reader.read(["lm_head.weight"], torch.bfloat16)["lm_head.weight"]
+    else:  # tied: quantize from the embedding's own bf16 table, no second copy
+        head_weight = embed.weight
     head_scale = None
-    if quantize == "int8" and calibration_ids is not None:
-        head_scale = smooth_model(model, calibration_ids)
-    # The decoder's Linears, one at a time: each float weight is freed once quantized.
-    replaced = _replace_linears(
-        model.model if hasattr(model, "model") else model,
-        quantize,
-        skip={id(head)} if head is not None else set(),
-    )
-    if head is not None:
-        # lm_head gets its own quantized copy: with tied embeddings the embedding must keep
-        # its float table, so the two are untied here rather than quantized together.
-        weight = head.weight if head_scale is None else head.weight.float() * head_scale
-        model.lm_head = _quantized(weight, getattr(head, "bias", None), quantize)
-        del weight
-        replaced += 1
-        model.config.tie_word_embeddings = False
-        if hasattr(model.config, "get_text_config"):
-            model.config.get_text_config().tie_word_embeddings = False
-    model.set_input_embeddings(BF16Embedding(embed.weight, target, embed.padding_idx))
-    # What is left (norms, rotary tables) is small: bring it to the compute dtype.
-    for module in model.modules():
-        if isinstance(module, BF16Embedding | Int4Linear):
-            continue  # these keep their own storage dtypes
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param is not None and param.is_floating_point() and param.dtype != target:
-                setattr(module, name, nn.Parameter(param.detach().to(target), requires_grad=False))
-        for name, buf in list(module.named_buffers(recurse=False)):
-            if buf is not None and buf.is_floating_point() and buf.dtype != target:
-                module._buffers[name] = buf.to(target)
-    model.config.dtype = target
+    if calibrate and type(decoder.norm).__name__ in smooth.PLAIN_NORMS:
+        with torch.inference_mode():
+            final = decoder.norm(hidden)
+        absmax = final.abs().float().reshape(-1, final.shape[-1]).amax(dim=0)
+        head_scale = smooth.scales(absmax, [head_weight])
+        smooth.divide_source(decoder.norm, "norm", head_scale)
+    model.lm_head = quantized_head(head_weight, quantize, head_scale)
+    del head_weight
+    model.config.tie_word_embeddings = False
+    leftovers = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if leftovers:
+        raise RuntimeError(f"weights not found in the checkpoint: {', '.join(leftovers[:5])}")
+    model.eval()
+    _trim_malloc()
     log.info(
-        "quantized %d Linear layers to %s (lm_head included); compute in %s",
-        replaced,
+        "built %s with int Linear layers (%s, lm_head included%s); compute in %s",
+        folder.name,
         quantize,
+        ", smoothed" if calibrate else "",
         str(target).removeprefix("torch."),
     )
     return model
