@@ -48,8 +48,9 @@ class EngineSide:
         started = time.perf_counter()
         gen = self.engine.run(ids, Sampling(max_tokens=max_tokens), lambda _t: None, lambda: False)
         e2e = time.perf_counter() - started
-        return _result(len(ids), gen.completion_tokens, gen.ttft_s, e2e,
-                       reused=self.engine.reused_tokens)
+        return _result(
+            len(ids), gen.completion_tokens, gen.ttft_s, e2e, reused=self.engine.reused_tokens
+        )
 
 
 class BaselineSide:
@@ -126,8 +127,17 @@ def main() -> int:
     else:
         side = BaselineSide(args.model_dir, args.threads)
     load_s = time.perf_counter() - started
-    reply.write(json.dumps({"ready": True, "load_s": load_s, "setup": side.describe(),
-                            "rss_loaded_mb": peak_rss_mb()}) + "\n")
+    reply.write(
+        json.dumps(
+            {
+                "ready": True,
+                "load_s": load_s,
+                "setup": side.describe(),
+                "rss_loaded_mb": peak_rss_mb(),
+            }
+        )
+        + "\n"
+    )
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "run":

@@ -21,8 +21,17 @@ class Child:
     def __init__(self, side: str, model_dir: Path, threads: int):
         self.side = side
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.child", "--side", side, "--model-dir", str(model_dir),
-             "--threads", str(threads)],
+            [
+                sys.executable,
+                "-m",
+                "bench.child",
+                "--side",
+                side,
+                "--model-dir",
+                str(model_dir),
+                "--threads",
+                str(threads),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -62,8 +71,9 @@ def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:
     return path
 
 
-def run_side_by_side(model_dir: Path, rounds: int, max_tokens: int, threads: int,
-                     log=print) -> dict:
+def run_side_by_side(
+    model_dir: Path, rounds: int, max_tokens: int, threads: int, log=print
+) -> dict:
     """Load each side in turn (alone on the CPU), then alternate them request by request."""
     children = {}
     try:
@@ -78,12 +88,13 @@ def run_side_by_side(model_dir: Path, rounds: int, max_tokens: int, threads: int
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             for name, messages in PROMPTS.items():
                 for side in order:
-                    result = children[side].ask(cmd="run", messages=messages,
-                                                max_tokens=max_tokens)
+                    result = children[side].ask(cmd="run", messages=messages, max_tokens=max_tokens)
                     result["prompt"] = name
                     runs[side].append(result)
-                    log(f"  round {r + 1} {name:13s} {side:8s} ttft {result['ttft_ms']:7.1f} ms"
-                        f"  decode {result['decode_tok_s']:6.2f} tok/s")
+                    log(
+                        f"  round {r + 1} {name:13s} {side:8s} ttft {result['ttft_ms']:7.1f} ms"
+                        f"  decode {result['decode_tok_s']:6.2f} tok/s"
+                    )
         report = {}
         for side, child in children.items():
             peak = child.ask(cmd="stats")["peak_rss_mb"]
@@ -103,10 +114,12 @@ def side_report(runs: list[dict], peak_rss_mb: float, hello: dict) -> dict:
     summary["per_prompt"] = {
         name: {
             "prompt_tokens": next(r["prompt_tokens"] for r in runs if r["prompt"] == name),
-            "ttft_ms_p50": round(percentile([r["ttft_ms"] for r in runs
-                                             if r["prompt"] == name], 50), 1),
-            "decode_tok_s_p50": round(percentile([r["decode_tok_s"] for r in runs
-                                                  if r["prompt"] == name], 50), 2),
+            "ttft_ms_p50": round(
+                percentile([r["ttft_ms"] for r in runs if r["prompt"] == name], 50), 1
+            ),
+            "decode_tok_s_p50": round(
+                percentile([r["decode_tok_s"] for r in runs if r["prompt"] == name], 50), 2
+            ),
         }
         for name in PROMPTS
     }
@@ -133,19 +146,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure deskchat's engine (as configured by DESKCHAT_* settings) against "
         "plain transformers (fp32 model.generate), alternating them in one run.",
     )
-    parser.add_argument("--model", default="qwen-shape",
-                        help="a model folder, 'embedded' (SmolLM2-135M) or 'qwen-shape' "
-                        "(Qwen2.5-0.5B shape, random weights, built once into the cache)")
-    parser.add_argument("--fixture", default=None,
-                        help="Qwen shape fixture folder [env DESKCHAT_QWEN_FIXTURE; default "
-                        "../shared/fixtures/qwen2.5-0.5b-instruct next to the repo]")
+    parser.add_argument(
+        "--model",
+        default="qwen-shape",
+        help="a model folder, 'embedded' (SmolLM2-135M) or 'qwen-shape' "
+        "(Qwen2.5-0.5B shape, random weights, built once into the cache)",
+    )
+    parser.add_argument(
+        "--fixture",
+        default=None,
+        help="Qwen shape fixture folder [env DESKCHAT_QWEN_FIXTURE; default "
+        "../shared/fixtures/qwen2.5-0.5b-instruct next to the repo]",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="passes over the prompt set")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON here")
-    parser.add_argument("--http", metavar="URL",
-                        help="measure a running server instead (POST URL/chat, streamed)")
-    parser.add_argument("--clients", type=int, default=1,
-                        help="with --http: concurrent clients")
+    parser.add_argument(
+        "--http", metavar="URL", help="measure a running server instead (POST URL/chat, streamed)"
+    )
+    parser.add_argument("--clients", type=int, default=1, help="with --http: concurrent clients")
     return parser
 
 
@@ -167,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         except FixtureMissing as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return 2
-        print(f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
-              f"{args.max_tokens} tokens; threads {config.threads}")
+        print(
+            f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
+            f"{args.max_tokens} tokens; threads {config.threads}"
+        )
         report = run_side_by_side(model_dir, args.rounds, args.max_tokens, config.threads)
         report["meta"] = {
             "model": str(model_dir),

@@ -25,8 +25,12 @@ def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 
     started = time.perf_counter()
     first = None
     try:
-        conn.request("POST", parts.path.rstrip("/") + "/chat", body=body,
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            parts.path.rstrip("/") + "/chat",
+            body=body,
+            headers={"Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         if response.status != 200:
             return {"error": f"HTTP {response.status}: {response.read()[:200]!r}"}

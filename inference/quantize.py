@@ -48,17 +48,50 @@ def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
     return torch.float32
 
 
-class BF16Embedding(nn.Module):
-    """Token embedding stored in bf16 (half the memory), handing out `out_dtype` vectors."""
+EMBED_GROUP = 64
 
-    def __init__(self, weight: torch.Tensor, out_dtype: torch.dtype, padding_idx: int | None):
+
+class Int8Embedding(nn.Module):
+    """Token embedding stored as int8 with one scale per 64 values of a row (a quarter of
+    fp32, half of bf16), handing out `out_dtype` vectors. Built from row blocks, so the float
+    table never exists whole. One scale per whole row was measured too coarse: SmolLM2 then
+    no longer answered "Paris" to the capital of France."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
         super().__init__()
-        self.register_buffer("weight", weight.detach().to(torch.bfloat16))
+        self.register_buffer("q", q)  # [rows, dim] int8
+        self.register_buffer("scale", scale)  # [rows, dim / group] float32
         self.out_dtype = out_dtype
-        self.padding_idx = padding_idx
+
+    @classmethod
+    def from_blocks(cls, rows: int, blocks, out_dtype: torch.dtype) -> Int8Embedding:
+        q = scale = None
+        for start, block in blocks:
+            n, dim = block.shape
+            group = EMBED_GROUP if dim % EMBED_GROUP == 0 else dim
+            if q is None:
+                q = torch.empty(rows, dim, dtype=torch.int8)
+                scale = torch.empty(rows, dim // group, dtype=torch.float32)
+            grouped = block.float().reshape(n, dim // group, group)
+            s = (grouped.abs().amax(dim=-1) / 127).clamp(min=1e-12)
+            grouped.div_(s[..., None]).round_()
+            q[start : start + n] = grouped.reshape(n, dim).to(torch.int8)
+            scale[start : start + n] = s
+        return cls(q, scale, out_dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The de-quantized table (for inspection; forward never builds it)."""
+        rows, dim = self.q.shape
+        groups = self.scale.shape[1]
+        return (self.q.float().reshape(rows, groups, -1) * self.scale[..., None]).reshape(rows, dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return nn.functional.embedding(input_ids, self.weight).to(self.out_dtype)
+        rows = nn.functional.embedding(input_ids, self.q).to(self.out_dtype)
+        scale = nn.functional.embedding(input_ids, self.scale).to(self.out_dtype)
+        shape = rows.shape
+        grouped = rows.reshape(*shape[:-1], scale.shape[-1], -1) * scale.unsqueeze(-1)
+        return grouped.reshape(shape)
 
 
 ROWS_PER_CHUNK = 4096  # float temporaries stay a few MB even for a 150k-row lm_head
@@ -105,19 +138,7 @@ class SplitLinear(nn.Module):
         return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
-HEAD_ROWS_PER_PART = 32768
-
-
-def quantized_head(weight: torch.Tensor, quantize: str, column_scale: torch.Tensor | None):
-    rows = weight.shape[0]
-    if rows <= HEAD_ROWS_PER_PART:
-        return quantized_linear(weight, None, quantize, column_scale)
-    return SplitLinear(
-        [
-            quantized_linear(weight[i : i + HEAD_ROWS_PER_PART], None, quantize, column_scale)
-            for i in range(0, rows, HEAD_ROWS_PER_PART)
-        ]
-    )
+HEAD_ROWS_PER_PART = 16384
 
 
 def quantized_linear(
@@ -202,6 +223,24 @@ class CheckpointReader:
                     out[key] = f.get_tensor(key).to(dtype, copy=True)
         return out
 
+    def rows(self, name: str) -> int:
+        from safetensors import safe_open
+
+        with safe_open(self.where[name], framework="pt") as f:
+            return f.get_slice(name).get_shape()[0]
+
+    def row_blocks(self, name: str, rows_per_block: int, dtype: torch.dtype):
+        """Yields (first row, block) with the file mapped only while each block is read, so
+        the pages of a big table do not pile up in this process's RSS."""
+        from safetensors import safe_open
+
+        total = self.rows(name)
+        for start in range(0, total, rows_per_block):
+            with safe_open(self.where[name], framework="pt") as f:
+                block = f.get_slice(name)[start : start + rows_per_block]
+                block = block.to(dtype, copy=True)
+            yield start, block
+
     def read_prefix(self, prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         names = [k for k in self.where if k.startswith(prefix)]
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
@@ -227,9 +266,9 @@ def load_quantized(
         model = AutoModelForCausalLM.from_config(config, dtype=target)
     decoder = model.model
     reader = CheckpointReader(folder)
-    embed_table = reader.read(["model.embed_tokens.weight"], torch.bfloat16)
-    embed_table = embed_table["model.embed_tokens.weight"]
-    embed = BF16Embedding(embed_table, target, getattr(config, "pad_token_id", None))
+    embed_name = "model.embed_tokens.weight"
+    blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)
+    embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
     calibrate = quantize == "int8" and calibration_ids is not None
@@ -252,21 +291,29 @@ def load_quantized(
             with torch.inference_mode():
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position)
         quantize_linears(layer, quantize)
+        _trim_malloc()
     decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
-    # lm_head gets its own quantized copy: with tied embeddings the embedding keeps its table.
-    if "lm_head.weight" in reader and not getattr(config, "tie_word_embeddings", False):
-        head_weight = reader.read(["lm_head.weight"], torch.bfloat16)["lm_head.weight"]
-    else:  # tied: quantize from the embedding's own bf16 table, no second copy
-        head_weight = embed.weight
+    # lm_head gets its own quantized copy (from the checkpoint's table, block by block): with
+    # tied embeddings the embedding keeps its own.
+    head_name = "lm_head.weight"
+    if head_name not in reader or getattr(config, "tie_word_embeddings", False):
+        head_name = embed_name
     head_scale = None
     if calibrate and type(decoder.norm).__name__ in smooth.PLAIN_NORMS:
         with torch.inference_mode():
             final = decoder.norm(hidden)
         absmax = final.abs().float().reshape(-1, final.shape[-1]).amax(dim=0)
-        head_scale = smooth.scales(absmax, [head_weight])
+        wmax = torch.zeros_like(absmax)
+        for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
+            torch.maximum(wmax, smooth.column_absmax(block), out=wmax)
+        head_scale = smooth.scales_from_wmax(absmax, wmax)
         smooth.divide_source(decoder.norm, "norm", head_scale)
-    model.lm_head = quantized_head(head_weight, quantize, head_scale)
-    del head_weight
+    parts = []
+    for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
+        parts.append(quantized_linear(block, None, quantize, head_scale))
+        del block
+        _trim_malloc()
+    model.lm_head = parts[0] if len(parts) == 1 else SplitLinear(parts)
     model.config.tie_word_embeddings = False
     leftovers = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftovers:

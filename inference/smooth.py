@@ -82,6 +82,10 @@ def column_absmax(weight: torch.Tensor, rows: int = 8192) -> torch.Tensor:
 
 def scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float = ALPHA):
     wmax = torch.stack([column_absmax(w) for w in weights]).amax(dim=0)
+    return scales_from_wmax(act_absmax, wmax, alpha)
+
+
+def scales_from_wmax(act_absmax: torch.Tensor, wmax: torch.Tensor, alpha: float = ALPHA):
     s = act_absmax.clamp(min=1e-5).pow(alpha) / wmax.clamp(min=1e-5).pow(1 - alpha)
     return s.clamp(min=1e-5)
 
