@@ -178,12 +178,16 @@ def _libc():
     return ctypes.CDLL(name) if name else None
 
 
-def _steady_malloc() -> None:
-    """Serve allocations of 1 MB and more from mmap, always (glibc otherwise raises the
-    threshold after the first big free, and the freed weights stay in the heap's RSS)."""
+def _mmap_threshold(size: int) -> None:
+    """glibc: serve allocations of `size` bytes and more from mmap, with no dynamic raising.
+
+    While loading, 1 MB: freed weights then leave RSS at once (the dynamic threshold rises
+    after the first big free, and freed weights stay in the heap). After loading, 32 MB (the
+    dynamic maximum), so the per-token activations come from the heap without page faults.
+    """
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-3, size)  # M_MMAP_THRESHOLD
 
 
 def _trim_malloc() -> None:
@@ -260,7 +264,7 @@ def load_quantized(
     from inference import smooth
 
     target = compute_dtype(quantize, dtype)
-    _steady_malloc()
+    _mmap_threshold(1 << 20)
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=target)
@@ -320,6 +324,7 @@ def load_quantized(
         raise RuntimeError(f"weights not found in the checkpoint: {', '.join(leftovers[:5])}")
     model.eval()
     _trim_malloc()
+    _mmap_threshold(32 << 20)
     log.info(
         "built %s with int Linear layers (%s, lm_head included%s); compute in %s",
         folder.name,

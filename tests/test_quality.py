@@ -119,3 +119,20 @@ def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
     error = (got - want).reshape(1, 4, -1, 64).abs()
     assert (error <= step * 0.51 + want.reshape(1, 4, -1, 64).abs() * 2**-8).all()
     assert not isinstance(int8_model.get_output_embeddings(), torch.nn.Linear)
+
+
+def test_int4_linear_computes_the_dequantized_product():
+    from inference.int4 import GROUP_SIZE, Int4Linear
+
+    torch.manual_seed(0)
+    weight = torch.randn(96, 4 * GROUP_SIZE)
+    layer = Int4Linear(weight, bias=torch.ones(96))
+    grouped = weight.reshape(96, -1, GROUP_SIZE)
+    low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+    scale = (high - low) / 15
+    dequantized = (((grouped - low) / scale).round() * scale + low).reshape_as(weight)
+    x = torch.randn(3, 4 * GROUP_SIZE)
+    want = x @ dequantized.T + 1
+    got = layer(x)
+    assert got.shape == (3, 96) and got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=0.15, rtol=0.02)  # bf16 activations in the kernel
