@@ -190,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
             f"{args.max_tokens} tokens; threads {config.threads}"
         )
+        load_before = os.getloadavg()
         report = run_side_by_side(model_dir, args.rounds, args.max_tokens, config.threads)
         report["meta"] = {
+            # a shared CPU: the 1-minute load average before and after, to read numbers by
+            "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "model": str(model_dir),
             "rounds": args.rounds,
             "max_tokens": args.max_tokens,
