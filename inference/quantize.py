@@ -250,6 +250,17 @@ class CheckpointReader:
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
+def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.Module:
+    """Any other architecture: load whole, then quantize its Linears (a higher peak, and no
+    smoothing)."""
+    from transformers import AutoModelForCausalLM
+
+    log.warning("%s is not a Llama-style decoder: loading it whole before quantizing", folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=target).eval()
+    quantize_linears(model, quantize)  # lm_head is replaced, a tied embedding keeps its table
+    return model
+
+
 def load_quantized(
     folder: Path, quantize: str, dtype: str, calibration_ids: torch.Tensor | None = None
 ) -> nn.Module:
@@ -268,9 +279,14 @@ def load_quantized(
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=target)
-    decoder = model.model
+    decoder = getattr(model, "model", None)
     reader = CheckpointReader(folder)
     embed_name = "model.embed_tokens.weight"
+    if not (
+        embed_name in reader
+        and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb", "embed_tokens"))
+    ):
+        return _load_then_quantize(folder, quantize, target)
     blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)
     embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
     decoder.embed_tokens = embed
