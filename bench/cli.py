@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": args.max_tokens,
             "cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "default"),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+            # fbgemm (the int8 kernels) ignores the two above and reads its own variable
+            "fbgemm_enable_instructions": os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "default"),
         }
         print(format_table(report))
     if args.json:
