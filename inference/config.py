@@ -15,6 +15,8 @@ from pathlib import Path
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
+QUANTIZE_CHOICES = ("none", "int8", "int4")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 
 def physical_cores() -> int:
@@ -61,6 +63,26 @@ class Config:
         default_cache_dir, "Where downloaded and converted models are kept."
     )
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1)
+    quantize: str = _setting(
+        "int8",
+        "Linear layers (lm_head included) as: none (float), int8 (dynamic, smoothed: best first "
+        "token, 5.6x fp32's decode), int4 (weight-only, group 64: fastest decode, slower first "
+        "token, fails the quality guard on SmolLM2).",
+        choices=QUANTIZE_CHOICES,
+    )
+    dtype: str = _setting(
+        "auto",
+        "Compute dtype of what is not quantized: auto (float32), float32, or bfloat16 (only "
+        "used where the CPU has it natively, and not with int8).",
+        choices=DTYPE_CHOICES,
+    )
+    prefix_cache: bool = _setting(
+        False,
+        "Keep the last prompt's KV cache and reuse it (in 32-token blocks) when the next prompt "
+        "continues that conversation. Off by default: the block-wise prefill it needs made "
+        "fresh prompts' first token slower (Qwen shape: 70 -> 108 ms p50) more than it sped "
+        "up the follow-up turn (143 -> 87 ms); see bench/README-section.md.",
+    )
     max_queue: int = _setting(4, "Jobs that may wait behind the running one; more get 503.", 1)
     request_timeout: float = _setting(
         120.0, "Seconds a request may take in all, queue wait and generation together.", 0.1
@@ -114,6 +136,9 @@ def _convert(f: dataclasses.Field, text: str):
         return text or None
     converters = {"int": int, "float": float, "Path": lambda s: Path(s).expanduser(), "str": str}
     value = converters[kind](text)
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
     minimum = f.metadata.get("min")
     if minimum is not None and value < minimum:
         raise ValueError(f"must be at least {minimum}, got {value}")

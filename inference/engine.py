@@ -1,8 +1,10 @@
 """The decode loop: one prompt in, text deltas out, on a loaded transformers causal LM.
 
 A lean loop instead of `generate()`: one forward per token, the cancel/deadline check and
-the stop strings handled between tokens. It knows nothing of HTTP, queues or chat messages;
-only the worker thread calls `run()`.
+the stop strings handled between tokens. With `prefix_cache` the KV cache of the last run is
+kept, and a prompt that starts with the same ids (the next turn of that conversation) only
+runs its new suffix. It knows nothing of HTTP, queues or chat messages; only the worker
+thread calls `run()`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from inference.text import TextAssembler
 # temperature means "greedy" anyway.
 MIN_TEMPERATURE = 1e-3
 
+# Prefill block with prefix_cache on: reuse is by whole blocks; measured TTFT cost of
+# blocks vs one forward in bench/README-section.md.
+PREFILL_BLOCK = 32
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -32,12 +38,53 @@ class Generation:
 class Engine:
     """Holds the model and the decode-side tokenizer."""
 
-    def __init__(self, model, tokenizer, name: str, context_tokens: int, eos_ids: set[int]):
+    def __init__(self, model, tokenizer, name: str, context_tokens: int, eos_ids: set[int],
+                 prefix_cache: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.context_tokens = context_tokens
         self.eos_ids = eos_ids
+        self.prefix_cache = prefix_cache
+        self.reused_tokens = 0  # prompt tokens the last run() took from the kept cache
+        self._kept: tuple[list[int], DynamicCache] | None = None  # last prompt, its cache
+
+    def _start_cache(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+        """A cache and how many leading prompt ids it already holds.
+
+        Only whole prefill blocks of the last prompt are reused: their keys and values are
+        then computed from exactly the same inputs as a fresh run's (dynamic int8 quantizes
+        each forward's activations with one scale, so a block must be the same block).
+        """
+        kept, self._kept = self._kept, None
+        if not self.prefix_cache or kept is None:
+            return DynamicCache(config=self.model.config), 0
+        ids, cache = kept
+        same = 0
+        for a, b in zip(ids, prompt_ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(prompt_ids) - 1)  # the last prompt id must run to give logits
+        reuse = same // PREFILL_BLOCK * PREFILL_BLOCK
+        if reuse <= 0:
+            return DynamicCache(config=self.model.config), 0
+        cache.crop(reuse - cache.get_seq_length())  # a negative count: drop the rest
+        return cache, reuse
+
+    def _prefill(self, prompt_ids: list[int], start: int, cache: DynamicCache) -> torch.Tensor:
+        """Run prompt_ids[start:]; the last position's logits. With prefix_cache, in blocks
+        of PREFILL_BLOCK aligned to the prompt's start, so that blocks can be reused."""
+        position = start
+        while True:
+            end = len(prompt_ids)
+            if self.prefix_cache:
+                end = min(end, (position // PREFILL_BLOCK + 1) * PREFILL_BLOCK)
+            inputs = torch.tensor([prompt_ids[position:end]], dtype=torch.long)
+            out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
+            position = end
+            if position == len(prompt_ids):
+                return out.logits
 
     @torch.inference_mode()
     def run(
@@ -51,16 +98,22 @@ class Engine:
         ttft = 0.0
         budget = min(sampling.max_tokens, self.context_tokens - len(prompt_ids))
         text = TextAssembler(self.tokenizer, sampling.stop)
-        cache = DynamicCache(config=self.model.config)
-        inputs = torch.tensor([prompt_ids], dtype=torch.long)
+        cache, reused = self._start_cache(prompt_ids)
+        self.reused_tokens = reused
         produced = 0
         finish = "length"
+        token = -1
         while produced < budget:
             if should_stop():
                 finish = "interrupted"
                 break
-            out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits
+            if produced == 0:
+                logits = self._prefill(prompt_ids, reused, cache)
+            else:
+                inputs = torch.tensor([[token]], dtype=torch.long)
+                logits = self.model(
+                    input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
+                ).logits
             token = _pick(logits[0, -1], sampling)
             if produced == 0:
                 ttft = time.monotonic() - start
@@ -74,7 +127,9 @@ class Engine:
             if text.stopped:
                 finish = "stop"
                 break
-            inputs = torch.tensor([[token]], dtype=torch.long)
+        if self.prefix_cache and produced > 0:
+            # Kept only when every forward completed: a failed one may leave layers uneven.
+            self._kept = (list(prompt_ids), cache)
         tail = text.flush() if finish != "interrupted" else ""
         if tail:
             emit(tail)

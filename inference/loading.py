@@ -89,16 +89,24 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
 
     from inference.engine import Engine
     from inference.prompt import PromptBuilder
+    from inference.quantize import compute_dtype, load_quantized
+    from inference.smooth import CALIBRATION_TEXT
 
     torch.set_num_threads(config.threads)
     status(f"loading {choice.name}")
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(choice.path)
     prompt_tokenizer = AutoTokenizer.from_pretrained(choice.path)
-    model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=torch.float32)
-    model.eval()
+    if config.quantize == "none":
+        dtype = compute_dtype(config.quantize, config.dtype)
+        model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)
+        model.eval()
+    else:
+        calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
+        model = load_quantized(choice.path, config.quantize, config.dtype, calibration)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
-    log.info("loaded %s from %s in %.1f s (%d threads, context %d)", choice.name, choice.path,
-             time.monotonic() - started, config.threads, context)
-    engine = Engine(model, tokenizer, choice.name, context, eos_token_ids(model, tokenizer))
+    log.info("loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)", choice.name,
+             choice.path, time.monotonic() - started, config.threads, context, config.quantize)
+    engine = Engine(model, tokenizer, choice.name, context, eos_token_ids(model, tokenizer),
+                    prefix_cache=config.prefix_cache)
     return engine, PromptBuilder(prompt_tokenizer, context)

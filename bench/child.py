@@ -1,0 +1,154 @@
+"""One side of the benchmark, in its own process: load, then answer commands from stdin.
+
+`engine`: deskchat's Engine, loaded by inference.loading with the DESKCHAT_* settings of
+the environment (so the bench measures the engine as configured). `baseline`: plain
+transformers, fp32, `model.generate` with its defaults apart from greedy decoding and a fixed
+answer length. Both produce exactly `max_tokens` tokens (end-of-text is ignored), so the two
+sides decode the same amount. Commands and answers are JSON lines; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class EngineSide:
+    def __init__(self, model_dir: str):
+        from inference.config import load_config
+        from inference.loading import ModelChoice, load_model
+
+        config = load_config([], os.environ)
+        choice = ModelChoice(__import__("pathlib").Path(model_dir), os.path.basename(model_dir))
+        self.config = config
+        self.engine, self.prompts = load_model(choice, config, lambda _msg: None)
+        self.engine.eos_ids = set()  # fixed-length answers, like the baseline's
+
+    def describe(self) -> dict:
+        c = self.config
+        return {
+            "quantize": c.quantize,
+            "dtype": c.dtype,
+            "prefix_cache": c.prefix_cache,
+            "threads": c.threads,
+        }
+
+    def run(self, messages: list[dict], max_tokens: int) -> dict:
+        from inference.jobs import Sampling
+
+        ids = self.prompts.encode(messages)
+        started = time.perf_counter()
+        gen = self.engine.run(ids, Sampling(max_tokens=max_tokens), lambda _t: None, lambda: False)
+        e2e = time.perf_counter() - started
+        return _result(
+            len(ids), gen.completion_tokens, gen.ttft_s, e2e, reused=self.engine.reused_tokens
+        )
+
+
+class BaselineSide:
+    def __init__(self, model_dir: str, threads: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.eval()
+
+    def describe(self) -> dict:
+        return {"dtype": "float32", "api": "model.generate"}
+
+    def run(self, messages: list[dict], max_tokens: int) -> dict:
+        import torch
+        from transformers.generation.streamers import BaseStreamer
+
+        class FirstToken(BaseStreamer):
+            def __init__(self):
+                self.calls = 0
+                self.at = None
+
+            def put(self, value):
+                self.calls += 1  # the first call carries the prompt, the second the 1st token
+                if self.calls == 2:
+                    self.at = time.perf_counter()
+
+            def end(self):
+                pass
+
+        enc = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        streamer = FirstToken()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                **enc,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                streamer=streamer,
+            )
+        e2e = time.perf_counter() - started
+        produced = out.shape[1] - enc["input_ids"].shape[1]
+        return _result(enc["input_ids"].shape[1], produced, streamer.at - started, e2e)
+
+
+def _result(prompt_tokens: int, produced: int, ttft_s: float, e2e_s: float, **extra) -> dict:
+    decode_s = max(e2e_s - ttft_s, 1e-9)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "tokens": produced,
+        "ttft_ms": ttft_s * 1000,
+        "e2e_s": e2e_s,
+        "decode_tok_s": (produced - 1) / decode_s if produced > 1 else 0.0,
+        **extra,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--side", choices=("engine", "baseline"), required=True)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    reply = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # library prints must not corrupt the protocol
+    started = time.perf_counter()
+    if args.side == "engine":
+        side = EngineSide(args.model_dir)
+    else:
+        side = BaselineSide(args.model_dir, args.threads)
+    load_s = time.perf_counter() - started
+    reply.write(
+        json.dumps(
+            {
+                "ready": True,
+                "load_s": load_s,
+                "setup": side.describe(),
+                "rss_loaded_mb": peak_rss_mb(),
+            }
+        )
+        + "\n"
+    )
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "run":
+            answer = side.run(command["messages"], command["max_tokens"])
+        elif command["cmd"] == "stats":
+            answer = {"peak_rss_mb": peak_rss_mb()}
+        else:
+            return 0
+        reply.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

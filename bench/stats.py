@@ -1,0 +1,39 @@
+"""Percentiles and the per-side summary the table and the JSON report are made of."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+SUMMARY_KEYS = (
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "decode_tok_s_p50",
+    "e2e_s_p50",
+    "peak_rss_mb",
+    "load_s",
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100), like numpy's default; NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(runs: list[dict], peak_rss_mb: float, load_s: float) -> dict:
+    """One side's numbers from its runs ({ttft_ms, decode_tok_s, e2e_s, ...} each)."""
+    ttft = [r["ttft_ms"] for r in runs]
+    return {
+        "ttft_ms_p50": round(percentile(ttft, 50), 1),
+        "ttft_ms_p90": round(percentile(ttft, 90), 1),
+        "decode_tok_s_p50": round(percentile([r["decode_tok_s"] for r in runs], 50), 2),
+        "e2e_s_p50": round(percentile([r["e2e_s"] for r in runs], 50), 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
+        "load_s": round(load_s, 2),
+    }

@@ -1,0 +1,351 @@
+"""CPU optimisations at load time: int8 / int4 Linear layers, bf16 where native.
+
+Quantized models are built layer by layer straight from the safetensors files: one decoder
+layer's float weights exist at a time (read, calibrated, smoothed, quantized, freed), so the
+peak memory stays near the size of the quantized model instead of the float one. It knows
+nothing of tokenizers, prompts or the decode loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inference.config import DTYPE_CHOICES, QUANTIZE_CHOICES
+
+log = logging.getLogger("deskchat.quantize")
+
+
+def native_bf16() -> bool:
+    """True when oneDNN computes bf16 natively here (AVX512-BF16 or AMX), not by emulation."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
+    """The dtype of activations and of the layers left unquantized.
+
+    int8 dynamic quantization takes fp32 activations; bf16 is used only when asked for and
+    the CPU has it natively (on an AVX2-only CPU it is emulated and slower than fp32).
+    """
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if dtype == "bfloat16" and quantize == "none":
+        if native_bf16():
+            return torch.bfloat16
+        log.warning("dtype bfloat16 asked for, but this CPU has no native bf16: using float32")
+    elif dtype == "bfloat16":
+        log.warning("dtype bfloat16 is only used with quantize=none: computing in float32")
+    return torch.float32
+
+
+EMBED_GROUP = 64
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding stored as int8 with one scale per 64 values of a row (a quarter of
+    fp32, half of bf16), handing out `out_dtype` vectors. Built from row blocks, so the float
+    table never exists whole. One scale per whole row was measured too coarse: SmolLM2 then
+    no longer answered "Paris" to the capital of France."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("q", q)  # [rows, dim] int8
+        self.register_buffer("scale", scale)  # [rows, dim / group] float32
+        self.out_dtype = out_dtype
+
+    @classmethod
+    def from_blocks(cls, rows: int, blocks, out_dtype: torch.dtype) -> Int8Embedding:
+        q = scale = None
+        for start, block in blocks:
+            n, dim = block.shape
+            group = EMBED_GROUP if dim % EMBED_GROUP == 0 else dim
+            if q is None:
+                q = torch.empty(rows, dim, dtype=torch.int8)
+                scale = torch.empty(rows, dim // group, dtype=torch.float32)
+            grouped = block.float().reshape(n, dim // group, group)
+            s = (grouped.abs().amax(dim=-1) / 127).clamp(min=1e-12)
+            grouped.div_(s[..., None]).round_()
+            q[start : start + n] = grouped.reshape(n, dim).to(torch.int8)
+            scale[start : start + n] = s
+        return cls(q, scale, out_dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The de-quantized table (for inspection; forward never builds it)."""
+        rows, dim = self.q.shape
+        groups = self.scale.shape[1]
+        return (self.q.float().reshape(rows, groups, -1) * self.scale[..., None]).reshape(rows, dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = nn.functional.embedding(input_ids, self.q).to(self.out_dtype)
+        scale = nn.functional.embedding(input_ids, self.scale).to(self.out_dtype)
+        shape = rows.shape
+        grouped = rows.reshape(*shape[:-1], scale.shape[-1], -1) * scale.unsqueeze(-1)
+        return grouped.reshape(shape)
+
+
+ROWS_PER_CHUNK = 4096  # float temporaries stay a few MB even for a 150k-row lm_head
+
+
+def _int8_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, column_scale: torch.Tensor | None = None
+) -> nn.Module:
+    """torch.ao dynamic int8 Linear with per-channel symmetric weights (what its
+    per_channel_dynamic_qconfig observer computes), quantized a block of rows at a time.
+    `column_scale` multiplies the weight's columns first (smoothing of a tied lm_head)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    out_features, in_features = weight.shape
+    q = torch.empty(out_features, in_features, dtype=torch.int8)
+    scale = torch.empty(out_features, dtype=torch.float64)
+    for start in range(0, out_features, ROWS_PER_CHUNK):
+        rows = slice(start, start + ROWS_PER_CHUNK)
+        w = weight.detach()[rows].to(torch.float32, copy=True)
+        if column_scale is not None:
+            w.mul_(column_scale)
+        s = (w.abs().amax(dim=1) / 127.5).clamp(min=torch.finfo(torch.float32).eps)
+        q[rows] = w.div_(s[:, None]).round_().clamp_(-128, 127).to(torch.int8)
+        scale[rows] = s
+    zero = torch.zeros(out_features, dtype=torch.int64)
+    qweight = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
+    del q  # before packing: three int8 copies of a big weight at once would set the peak
+    # Built 1x1 and then given its weight: the constructor would pack a full-size dummy.
+    linear = DynamicLinear(1, 1, bias_=bias is not None, dtype=torch.qint8)
+    linear.in_features, linear.out_features = in_features, out_features
+    linear.set_weight_bias(qweight, None if bias is None else bias.detach().float())
+    return linear
+
+
+class SplitLinear(nn.Module):
+    """A Linear quantized in blocks of output rows, outputs concatenated: quantizing a
+    151936-row lm_head in one piece would hold several int8 copies of it at once."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+HEAD_ROWS_PER_PART = 16384
+
+
+def quantized_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantize: str,
+    column_scale: torch.Tensor | None = None,
+) -> nn.Module:
+    if quantize == "int8":
+        return _int8_linear(weight, bias, column_scale)
+    if column_scale is not None:
+        weight = weight.float() * column_scale
+    if quantize == "int4":
+        from inference.int4 import Int4Linear
+
+        return Int4Linear(weight, bias)
+    raise ValueError(f"not a quantization: {quantize!r}")
+
+
+def quantize_linears(module: nn.Module, quantize: str) -> int:
+    """Replace every nn.Linear below `module` by its quantized form; returns how many."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, quantized_linear(child.weight, child.bias, quantize))
+            count += 1
+        else:
+            count += quantize_linears(child, quantize)
+    return count
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+def _mmap_threshold(size: int) -> None:
+    """glibc: serve allocations of `size` bytes and more from mmap, with no dynamic raising.
+
+    While loading, 1 MB: freed weights then leave RSS at once (the dynamic threshold rises
+    after the first big free, and freed weights stay in the heap). After loading, 32 MB (the
+    dynamic maximum), so the per-token activations come from the heap without page faults.
+    """
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-3, size)  # M_MMAP_THRESHOLD
+
+
+def _trim_malloc() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+class CheckpointReader:
+    """Reads named tensors from a folder's safetensors file(s) into memory of their own."""
+
+    def __init__(self, folder: Path):
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.where = {k: folder / f for k, f in weight_map.items()}
+        else:
+            from safetensors import safe_open
+
+            single = folder / "model.safetensors"
+            with safe_open(single, framework="pt") as f:
+                self.where = dict.fromkeys(f.keys(), single)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def read(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        by_file = defaultdict(list)
+        for name in names:
+            by_file[self.where[name]].append(name)
+        out = {}
+        for file, keys in by_file.items():
+            with safe_open(file, framework="pt") as f:  # mapped only while reading
+                for key in keys:
+                    out[key] = f.get_tensor(key).to(dtype, copy=True)
+        return out
+
+    def rows(self, name: str) -> int:
+        from safetensors import safe_open
+
+        with safe_open(self.where[name], framework="pt") as f:
+            return f.get_slice(name).get_shape()[0]
+
+    def row_blocks(self, name: str, rows_per_block: int, dtype: torch.dtype):
+        """Yields (first row, block) with the file mapped only while each block is read, so
+        the pages of a big table do not pile up in this process's RSS."""
+        from safetensors import safe_open
+
+        total = self.rows(name)
+        for start in range(0, total, rows_per_block):
+            with safe_open(self.where[name], framework="pt") as f:
+                block = f.get_slice(name)[start : start + rows_per_block]
+                block = block.to(dtype, copy=True)
+            yield start, block
+
+    def read_prefix(self, prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        names = [k for k in self.where if k.startswith(prefix)]
+        return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
+
+
+def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.Module:
+    """Any other architecture: load whole, then quantize its Linears (a higher peak, and no
+    smoothing)."""
+    from transformers import AutoModelForCausalLM
+
+    log.warning("%s is not a Llama-style decoder: loading it whole before quantizing", folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=target).eval()
+    quantize_linears(model, quantize)  # lm_head is replaced, a tied embedding keeps its table
+    return model
+
+
+def load_quantized(
+    folder: Path, quantize: str, dtype: str, calibration_ids: torch.Tensor | None = None
+) -> nn.Module:
+    """Build the model from `folder` with its Linears (lm_head included) quantized.
+
+    Llama-style decoders (Llama, Qwen2, SmolLM2, ...) only. For int8, `calibration_ids` turns
+    on smoothing (inference/smooth.py), without which small models' outlier channels ruin the
+    answers: each layer is calibrated on the float output of the layers before it.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from inference import smooth
+
+    target = compute_dtype(quantize, dtype)
+    _mmap_threshold(1 << 20)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=target)
+    decoder = getattr(model, "model", None)
+    reader = CheckpointReader(folder)
+    embed_name = "model.embed_tokens.weight"
+    if not (
+        embed_name in reader
+        and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb", "embed_tokens"))
+    ):
+        return _load_then_quantize(folder, quantize, target)
+    blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)
+    embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
+    decoder.embed_tokens = embed
+    decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
+    calibrate = quantize == "int8" and calibration_ids is not None
+    hidden = position = None
+    if calibrate:
+        hidden = embed(calibration_ids)
+        position = decoder.rotary_emb(hidden, torch.arange(hidden.shape[1])[None])
+    for i, layer in enumerate(decoder.layers):
+        layer.load_state_dict(reader.read_prefix(f"model.layers.{i}.", target), assign=True)
+        groups = smooth.layer_groups(layer) if calibrate else None
+        if groups:
+            with (
+                torch.inference_mode(),
+                smooth.record_input_absmax([g[2][0] for g in groups]) as absmax,
+            ):
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
+            smooth.smooth_layer(groups, absmax)
+        elif calibrate:
+            log.warning("layer %d is not Llama-style: int8 without smoothing", i)
+            with torch.inference_mode():
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
+        quantize_linears(layer, quantize)
+        _trim_malloc()
+    decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
+    # lm_head gets its own quantized copy (from the checkpoint's table, block by block): with
+    # tied embeddings the embedding keeps its own.
+    head_name = "lm_head.weight"
+    if head_name not in reader or getattr(config, "tie_word_embeddings", False):
+        head_name = embed_name
+    head_scale = None
+    if calibrate and type(decoder.norm).__name__ in smooth.PLAIN_NORMS:
+        with torch.inference_mode():
+            final = decoder.norm(hidden)
+        absmax = final.abs().float().reshape(-1, final.shape[-1]).amax(dim=0)
+        wmax = torch.zeros_like(absmax)
+        for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
+            torch.maximum(wmax, smooth.column_absmax(block), out=wmax)
+        head_scale = smooth.scales_from_wmax(absmax, wmax)
+        smooth.divide_source(decoder.norm, "norm", head_scale)
+    parts = []
+    for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
+        parts.append(quantized_linear(block, None, quantize, head_scale))
+        del block
+        _trim_malloc()
+    model.lm_head = parts[0] if len(parts) == 1 else SplitLinear(parts)
+    model.config.tie_word_embeddings = False
+    leftovers = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if leftovers:
+        raise RuntimeError(f"weights not found in the checkpoint: {', '.join(leftovers[:5])}")
+    model.eval()
+    _trim_malloc()
+    _mmap_threshold(32 << 20)
+    log.info(
+        "built %s with int Linear layers (%s, lm_head included%s); compute in %s",
+        folder.name,
+        quantize,
+        ", smoothed" if calibrate else "",
+        str(target).removeprefix("torch."),
+    )
+    return model

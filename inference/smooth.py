@@ -1,0 +1,113 @@
+"""SmoothQuant-style scale folding, so that int8 dynamic activations survive outlier channels.
+
+Dynamic int8 quantizes each activation row with one scale; a few channels that are 30-2000x
+larger than the rest (small Llama/Qwen models have them) then leave the others two or three
+levels. Before quantizing, each input channel j of a Linear is divided by s_j and the
+weight's column j multiplied by s_j, folded into the preceding RMSNorm weight (q/k/v,
+gate/up, lm_head) or into up_proj's rows (down_proj): the float model computes exactly the
+same function, and the int8 one loses much less. s_j = max|x_j|^a / max|W_:,j|^(1-a), with
+max|x_j| from one short calibration text. This module owns the arithmetic; the loader
+(inference/quantize.py) decides when to call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger("deskchat.smooth")
+
+# Measured on SmolLM2 (KL to fp32 over 5 greedy answers): 0.76 at 0.5, 0.42 at 0.65, 0.48 at 0.8.
+ALPHA = 0.65
+
+CALIBRATION_TEXT = (
+    "You are a helpful assistant. Answer briefly.\n"
+    "What is the capital of France, and how many people live there?\n"
+    "用Python写一个函数，计算列表中所有偶数的和，并解释它的时间复杂度。\n"
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    "Summarize the meeting notes: budget approved, launch moved to May, hire two engineers."
+)
+
+# RMSNorms that compute weight * normalized(x), so that dividing the weight divides the output.
+PLAIN_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
+
+
+def layer_groups(layer: nn.Module) -> list[tuple[nn.Module, str, list[nn.Module]]] | None:
+    """(what gets divided by s, "norm" or "rows", the Linears reading it) for one decoder
+    layer; None when the layer is not a known Llama-style one."""
+    try:
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        groups = [
+            (layer.input_layernorm, "norm", [attn.q_proj, attn.k_proj, attn.v_proj]),
+            (layer.post_attention_layernorm, "norm", [mlp.gate_proj, mlp.up_proj]),
+            (mlp.up_proj, "rows", [mlp.down_proj]),
+        ]
+    except AttributeError:
+        return None
+    if any(type(n).__name__ not in PLAIN_NORMS for n in norms):
+        return None
+    return groups
+
+
+@contextlib.contextmanager
+def record_input_absmax(modules: list[nn.Module]):
+    """Yields a dict id(module) -> per-channel max |input| over what runs inside the block."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def hook(module, args, _out):
+        x = args[0].detach().abs().float().reshape(-1, args[0].shape[-1]).amax(dim=0)
+        old = seen.get(id(module))
+        seen[id(module)] = x if old is None else torch.maximum(old, x)
+
+    handles = [m.register_forward_hook(hook) for m in modules]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def column_absmax(weight: torch.Tensor, rows: int = 8192) -> torch.Tensor:
+    """max |W[:, j]| per column, a block of rows at a time (no full-size temporaries)."""
+    out = torch.zeros(weight.shape[1])
+    for start in range(0, weight.shape[0], rows):
+        block = weight.detach()[start : start + rows].abs().amax(dim=0).float()
+        torch.maximum(out, block, out=out)
+    return out
+
+
+def scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float = ALPHA):
+    wmax = torch.stack([column_absmax(w) for w in weights]).amax(dim=0)
+    return scales_from_wmax(act_absmax, wmax, alpha)
+
+
+def scales_from_wmax(act_absmax: torch.Tensor, wmax: torch.Tensor, alpha: float = ALPHA):
+    s = act_absmax.clamp(min=1e-5).pow(alpha) / wmax.clamp(min=1e-5).pow(1 - alpha)
+    return s.clamp(min=1e-5)
+
+
+def divide_source(source: nn.Module, kind: str, s: torch.Tensor) -> None:
+    """Divide a norm's output channels, or a Linear's output rows (and bias), by s."""
+    if kind == "norm":
+        source.weight.data = (source.weight.data.float() / s).to(source.weight.dtype)
+        return
+    source.weight.data = (source.weight.data.float() / s[:, None]).to(source.weight.dtype)
+    if source.bias is not None:
+        source.bias.data = (source.bias.data.float() / s).to(source.bias.dtype)
+
+
+def multiply_columns(linear: nn.Linear, s: torch.Tensor) -> None:
+    linear.weight.data = (linear.weight.data.float() * s).to(linear.weight.dtype)
+
+
+def smooth_layer(groups, absmax: dict, alpha: float = ALPHA) -> None:
+    """Fold the scales of one layer's groups, from input maxima recorded on its readers."""
+    for source, kind, linears in groups:
+        s = scales(absmax[id(linears[0])], [lin.weight for lin in linears], alpha)
+        divide_source(source, kind, s)
+        for lin in linears:
+            multiply_columns(lin, s)

@@ -1,0 +1,64 @@
+"""The bench's own pieces: percentiles, the summary keys the JSON promises, the table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.cli import build_parser, format_table, side_report
+from bench.qwen_shape import FixtureMissing, qwen_shape_dir
+from bench.stats import SUMMARY_KEYS, percentile
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "want"),
+    [([5.0], 50, 5.0), ([1, 2, 3, 4], 50, 2.5), ([1, 2, 3, 4, 5], 90, 4.6), ([3, 1, 2], 0, 1)],
+)
+def test_percentile_interpolates_like_numpy(values, q, want):
+    assert percentile(values, q) == pytest.approx(want)
+
+
+def test_percentile_of_nothing_is_nan():
+    assert math.isnan(percentile([], 50))
+
+
+def _runs():
+    return [
+        {"prompt": p, "prompt_tokens": 10, "ttft_ms": t, "decode_tok_s": d, "e2e_s": e}
+        for p, t, d, e in [
+            ("short", 100.0, 20.0, 3.0),
+            ("chinese_code", 200.0, 22.0, 3.1),
+            ("multi_turn", 300.0, 24.0, 3.2),
+            ("follow_up", 50.0, 24.0, 2.9),
+        ]
+    ]
+
+
+def test_side_report_has_the_promised_keys_and_excludes_follow_up_from_ttft():
+    report = side_report(_runs(), peak_rss_mb=1000.0, hello={"load_s": 2.0, "setup": {}})
+    assert set(SUMMARY_KEYS) <= set(report)
+    assert report["ttft_ms_p50"] == 200.0
+    assert report["follow_up_ttft_ms_p50"] == 50.0
+    assert report["decode_tok_s_p50"] == 22.0
+    json.dumps(report)  # serializable as is
+
+
+def test_table_shows_ratios_engine_over_baseline():
+    hello = {"load_s": 1.0, "setup": {}}
+    engine = side_report(_runs(), 500.0, hello)
+    baseline = side_report(_runs(), 1000.0, hello)
+    table = format_table({"engine": engine, "baseline": baseline})
+    assert "peak_rss_mb" in table
+    assert "0.50x" in table
+
+
+def test_missing_fixture_is_a_clear_error(tmp_path):
+    with pytest.raises(FixtureMissing, match="--fixture"):
+        qwen_shape_dir(tmp_path / "cache", tmp_path / "nowhere")
+
+
+def test_parser_defaults_to_the_qwen_shape():
+    args = build_parser().parse_args([])
+    assert args.model == "qwen-shape" and args.clients == 1

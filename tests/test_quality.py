@@ -1,0 +1,138 @@
+"""Quality guard: the optimized engine's greedy answers against fp32's, on the embedded model.
+
+An answer must match fp32's token for token, or, at the first token where it differs, the
+optimized engine's pick must be one fp32 itself nearly chose: fp32's logit for it is within
+LOGIT_TOLERANCE of fp32's top logit (exp(2.0) = 7.4x in probability). That is where a
+quantized model may legitimately go another way; a broken one picks tokens fp32 rates far
+lower (before smoothing, int8 answered "Le Grand Baker" to the first question).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from inference.config import default_cache_dir  # noqa: E402
+from inference.embedded import EmbeddedMissing, embedded_model_dir  # noqa: E402
+
+LOGIT_TOLERANCE = 2.0
+NEW_TOKENS = 24
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "How many legs does a spider have?",
+    "What is 12 plus 7?",
+    "Name three primary colors.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    try:
+        return embedded_model_dir(default_cache_dir())
+    except EmbeddedMissing as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def fp32_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def int8_model(model_dir, tokenizer):
+    from inference.quantize import load_quantized
+    from inference.smooth import CALIBRATION_TEXT
+
+    calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
+    return load_quantized(model_dir, "int8", "auto", calibration)
+
+
+@torch.inference_mode()
+def greedy(model, ids: list[int], stop: set[int]) -> tuple[list[int], list[torch.Tensor]]:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    inputs, out, logits = torch.tensor([ids]), [], []
+    for _ in range(NEW_TOKENS):
+        step = model(input_ids=inputs, cache=cache, logits_to_keep=1).logits[0, -1].float()
+        token = int(step.argmax())
+        out.append(token)
+        logits.append(step)
+        if token in stop:
+            break
+        inputs = torch.tensor([[token]])
+    return out, logits
+
+
+def prompt(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
+    question, tokenizer, fp32_model, int8_model
+):
+    ids = prompt(tokenizer, question)
+    stop = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    want, want_logits = greedy(fp32_model, ids, stop)
+    got, _ = greedy(int8_model, ids, stop)
+    if got == want:
+        return
+    k = next(i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b)
+    fp32_logits = want_logits[k]
+    behind = float(fp32_logits.max() - fp32_logits[got[k]])
+    assert behind < LOGIT_TOLERANCE, (
+        f"{question!r}: at token {k} int8 chose {tokenizer.decode([got[k]])!r}, which fp32 "
+        f"rates {behind:.2f} logits below its {tokenizer.decode([want[k]])!r}; "
+        f"fp32: {tokenizer.decode(want)!r}, int8: {tokenizer.decode(got)!r}"
+    )
+
+
+def test_int8_knows_the_capital_of_france(tokenizer, int8_model):
+    ids = prompt(tokenizer, "What is the capital of France?")
+    got, _ = greedy(int8_model, ids, {tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    assert "Paris" in tokenizer.decode(got)
+
+
+def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
+    ids = torch.tensor([[1, 50, 500, 5000]])
+    want = fp32_model.get_input_embeddings()(ids)
+    got = int8_model.get_input_embeddings()(ids)
+    assert got.dtype == torch.float32
+    # int8 with one scale per 64 values: off by at most half a step (plus bf16 rounding)
+    step = want.reshape(1, 4, -1, 64).abs().amax(dim=-1, keepdim=True) / 127
+    error = (got - want).reshape(1, 4, -1, 64).abs()
+    assert (error <= step * 0.51 + want.reshape(1, 4, -1, 64).abs() * 2**-8).all()
+    assert not isinstance(int8_model.get_output_embeddings(), torch.nn.Linear)
+
+
+def test_int4_linear_computes_the_dequantized_product():
+    from inference.int4 import GROUP_SIZE, Int4Linear
+
+    torch.manual_seed(0)
+    weight = torch.randn(96, 4 * GROUP_SIZE)
+    layer = Int4Linear(weight, bias=torch.ones(96))
+    grouped = weight.reshape(96, -1, GROUP_SIZE)
+    low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+    scale = (high - low) / 15
+    dequantized = (((grouped - low) / scale).round() * scale + low).reshape_as(weight)
+    x = torch.randn(3, 4 * GROUP_SIZE)
+    want = x @ dequantized.T + 1
+    got = layer(x)
+    assert got.shape == (3, 96) and got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=0.15, rtol=0.02)  # bf16 activations in the kernel
