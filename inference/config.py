@@ -65,23 +65,20 @@ class Config:
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1)
     quantize: str = _setting(
         "int8",
-        "Linear layers (lm_head included) as: none (float), int8 (dynamic, smoothed: best first "
-        "token, 5.6x fp32's decode), int4 (weight-only, group 64: fastest decode, slower first "
-        "token, fails the quality guard on SmolLM2).",
+        "Linear layers (lm_head too) as none (float), int8 (dynamic, smoothed) or int4 "
+        "(weight-only); README 'Speed' has each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )
     dtype: str = _setting(
         "auto",
-        "Compute dtype of what is not quantized: auto (float32), float32, or bfloat16 (only "
-        "used where the CPU has it natively, and not with int8).",
+        "Compute dtype with quantize=none: auto (float32), float32, or bfloat16 (used only "
+        "where the CPU computes it natively).",
         choices=DTYPE_CHOICES,
     )
     prefix_cache: bool = _setting(
         False,
-        "Keep the last prompt's KV cache and reuse it (in 32-token blocks) when the next prompt "
-        "continues that conversation. Off by default: the block-wise prefill it needs made "
-        "fresh prompts' first token slower (Qwen shape: 70 -> 108 ms p50) more than it sped "
-        "up the follow-up turn (143 -> 87 ms); see bench/README-section.md.",
+        "Reuse the last prompt's KV cache when the next prompt continues that conversation "
+        "(off: it slows fresh prompts more than it speeds follow-ups; README 'Speed').",
     )
     max_queue: int = _setting(4, "Jobs that may wait behind the running one; more get 503.", 1)
     request_timeout: float = _setting(

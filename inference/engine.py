@@ -24,7 +24,7 @@ from inference.text import TextAssembler
 MIN_TEMPERATURE = 1e-3
 
 # Prefill block with prefix_cache on: reuse is by whole blocks; measured TTFT cost of
-# blocks vs one forward in bench/README-section.md.
+# blocks vs one forward in the README, "Speed".
 PREFILL_BLOCK = 32
 
 

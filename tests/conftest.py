@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_CACHE = Path(os.environ.get("DESKCHAT_TEST_CACHE", ROOT / ".test-cache"))
 
 
+@pytest.fixture(scope="session")
+def embedded_dir() -> Path:
+    """The embedded model, converted once into the test cache."""
+    from inference.embedded import embedded_model_dir
+
+    return embedded_model_dir(TEST_CACHE)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

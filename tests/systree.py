@@ -99,15 +99,23 @@ def status_lines(root: Path) -> dict[str, str]:
     return dict(line.split(": ", 1) for line in out.splitlines())
 
 
+def skip_unless_ci(reason: str) -> None:
+    """Skip on a developer's machine that lacks a tool; fail in CI, which must have it."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must install it: see .ci/run)")
+    pytest.skip(reason)
+
+
 def unprivileged() -> list[str]:
     """A command prefix that runs as nobody, or skip the test if that cannot be done."""
-    import pytest
 
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0:
         return []
     if setpriv is None:
-        pytest.skip("setpriv (util-linux) is needed to drop root for this test")
+        skip_unless_ci("setpriv (util-linux) is needed to drop root for this test")
     return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 

@@ -6,20 +6,19 @@ import pytest
 import torch
 
 from inference.config import load_config
-from inference.embedded import EMBEDDED_NAME, embedded_model_dir
+from inference.embedded import EMBEDDED_NAME
 from inference.engine import _pick
 from inference.jobs import Sampling
 from inference.loading import ModelChoice, load_model
-from tests.conftest import TEST_CACHE
 
 QUESTIONS = ["What is the capital of France?", "写一个 Python 函数，计算斐波那契数列。",
              "List three fruits."]
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    config = load_config(["--cache-dir", str(TEST_CACHE)], environ={})
-    choice = ModelChoice(embedded_model_dir(TEST_CACHE), EMBEDDED_NAME)
+def loaded(embedded_dir):
+    config = load_config([], environ={})
+    choice = ModelChoice(embedded_dir, EMBEDDED_NAME)
     return load_model(choice, config, lambda _: None)
 
 

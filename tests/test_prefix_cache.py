@@ -7,12 +7,9 @@ import dataclasses
 
 import pytest
 
-pytest.importorskip("torch")
-
-from inference.config import default_cache_dir, load_config  # noqa: E402
-from inference.embedded import EmbeddedMissing, embedded_model_dir  # noqa: E402
-from inference.engine import PREFILL_BLOCK  # noqa: E402
-from inference.jobs import Sampling  # noqa: E402
+from inference.config import load_config
+from inference.engine import PREFILL_BLOCK
+from inference.jobs import Sampling
 
 TURNS = [
     "What is the capital of France?",
@@ -22,14 +19,11 @@ TURNS = [
 
 
 @pytest.fixture(scope="module", params=["int8", "none"])
-def engine_and_prompts(request):
+def engine_and_prompts(request, embedded_dir):
     """An engine with prefix_cache on; `engine.fresh()` answers as if nothing were kept."""
     from inference.loading import ModelChoice, load_model
 
-    try:
-        path = embedded_model_dir(default_cache_dir())
-    except EmbeddedMissing as exc:
-        pytest.skip(str(exc))
+    path = embedded_dir
     config = dataclasses.replace(
         load_config([], {}), quantize=request.param, prefix_cache=True, threads=2
     )

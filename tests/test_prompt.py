@@ -5,15 +5,13 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inference.embedded import embedded_model_dir
 from inference.errors import PayloadTooLarge
 from inference.prompt import PromptBuilder
-from tests.conftest import TEST_CACHE
 
 
 @pytest.fixture(scope="module")
-def builder():
-    return PromptBuilder(AutoTokenizer.from_pretrained(embedded_model_dir(TEST_CACHE)), 64)
+def builder(embedded_dir):
+    return PromptBuilder(AutoTokenizer.from_pretrained(embedded_dir), 64)
 
 
 def text_of(builder, ids):

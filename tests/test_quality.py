@@ -10,11 +10,7 @@ lower (before smoothing, int8 answered "Le Grand Baker" to the first question).
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from inference.config import default_cache_dir  # noqa: E402
-from inference.embedded import EmbeddedMissing, embedded_model_dir  # noqa: E402
+import torch
 
 LOGIT_TOLERANCE = 2.0
 NEW_TOKENS = 24
@@ -28,11 +24,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    try:
-        return embedded_model_dir(default_cache_dir())
-    except EmbeddedMissing as exc:
-        pytest.skip(str(exc))
+def model_dir(embedded_dir):
+    return embedded_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inference.embedded import embedded_model_dir
 from inference.text import TextAssembler
-from tests.conftest import TEST_CACHE
 
 SAMPLE = "Hello, 世界! Café ☕ 🙂 naïve — done."
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(embedded_model_dir(TEST_CACHE))
+def tokenizer(embedded_dir):
+    return AutoTokenizer.from_pretrained(embedded_dir)
 
 
 def feed(tokenizer, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], TextAssembler]:

@@ -15,6 +15,7 @@ from tests.systree import (
     THP,
     make_tree,
     run,
+    skip_unless_ci,
     snapshot,
     status_lines,
     tune,
@@ -174,13 +175,13 @@ def readonly_bind(path: Path) -> list[str]:
         path.chmod(0o444)
         return []
     if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is needed to make a file unwritable for root")
+        skip_unless_ci("unshare (util-linux) is needed to make a file unwritable for root")
     setup = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" "$1"'
     probe = subprocess.run(
         ["unshare", "-m", "sh", "-c", setup, "sh", str(path)], capture_output=True, text=True
     )
     if probe.returncode != 0:
-        pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
+        skip_unless_ci(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
     return ["unshare", "-m", "sh", "-c", f'{setup} && shift && exec "$@"', "sh", str(path)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.systree import SYSTEM, fake_checkout, run
+from tests.systree import SYSTEM, fake_checkout, run, skip_unless_ci
 
 UNITS = ("deskchat.service", "deskchat-tune.service")
 MAX_EXPOSURE = 3.0
@@ -19,7 +19,7 @@ MAX_EXPOSURE = 3.0
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        pytest.skip(f"{tool} is not installed (CI installs it from Debian: see .ci/)")
+        skip_unless_ci(f"{tool} is not installed")
     return path
 
 
