@@ -88,17 +88,22 @@ def serve(config: Config) -> int:
         runtime.status = text
         notifier.status(text)
 
-    worker = None
+    worker = Worker(None, config.max_queue)
+    loaded = {}
+
+    def load():  # runs in the inference thread: the model is built where it will run
+        engine, loaded["prompts"] = load_model(choice, config, status)
+        return engine
+
     try:
         choice = choose_model(config, status)
-        engine, prompts = load_model(choice, config, status)
-        worker = Worker(engine, config.max_queue).start()
+        worker.start(load)
+        engine, prompts = worker.engine, loaded["prompts"]
         status("warming up")
         worker.run_now(prompts.encode([{"role": "user", "content": "Hello"}]),
                        Sampling(max_tokens=WARMUP_TOKENS))
     except (_Interrupted, ModelLoadError, EmbeddedMissing, Exception) as exc:
-        if worker is not None:
-            worker.stop()
+        worker.stop()
         server.close()
         if isinstance(exc, _Interrupted):
             log.info("stopped before the model was ready")

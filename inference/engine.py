@@ -26,6 +26,10 @@ MIN_TEMPERATURE = 1e-3
 # Prefill block with prefix_cache on: reuse is by whole blocks; measured TTFT cost of
 # blocks vs one forward in the README, "Speed".
 PREFILL_BLOCK = 32
+# Without prefix_cache, long prompts are still prefilled in chunks of this many tokens, so a
+# cancel or a deadline is noticed (and the watchdog sees progress) during a long prefill;
+# typical prompts fit in one chunk and run as one forward.
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -72,19 +76,22 @@ class Engine:
         cache.crop(reuse - cache.get_seq_length())  # a negative count: drop the rest
         return cache, reuse
 
-    def _prefill(self, prompt_ids: list[int], start: int, cache: DynamicCache) -> torch.Tensor:
-        """Run prompt_ids[start:]; the last position's logits. With prefix_cache, in blocks
-        of PREFILL_BLOCK aligned to the prompt's start, so that blocks can be reused."""
+    def _prefill(self, prompt_ids: list[int], start: int, cache: DynamicCache,
+                 should_stop: Callable[[], bool]) -> torch.Tensor | None:
+        """Run prompt_ids[start:]; the last position's logits, or None if told to stop
+        between chunks. Chunks are aligned to the prompt's start: with prefix_cache they
+        are the reusable PREFILL_BLOCKs."""
+        block = PREFILL_BLOCK if self.prefix_cache else PREFILL_CHUNK
         position = start
         while True:
-            end = len(prompt_ids)
-            if self.prefix_cache:
-                end = min(end, (position // PREFILL_BLOCK + 1) * PREFILL_BLOCK)
+            end = min(len(prompt_ids), (position // block + 1) * block)
             inputs = torch.tensor([prompt_ids[position:end]], dtype=torch.long)
             out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
             position = end
             if position == len(prompt_ids):
                 return out.logits
+            if should_stop():
+                return None
 
     @torch.inference_mode()
     def run(
@@ -108,7 +115,10 @@ class Engine:
                 finish = "interrupted"
                 break
             if produced == 0:
-                logits = self._prefill(prompt_ids, reused, cache)
+                logits = self._prefill(prompt_ids, reused, cache, should_stop)
+                if logits is None:
+                    finish = "interrupted"
+                    break
             else:
                 inputs = torch.tensor([[token]], dtype=torch.long)
                 logits = self.model(

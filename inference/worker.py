@@ -14,6 +14,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from inference.engine import Generation
@@ -41,8 +42,8 @@ class EngineLike(Protocol):
 class Worker:
     """Owns the engine and the only thread that may call it: start(), submit(job), stop()."""
 
-    def __init__(self, engine: EngineLike, max_queue: int):
-        self.engine = engine
+    def __init__(self, engine: EngineLike | None, max_queue: int):
+        self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._loop, name="inference", daemon=True)
@@ -50,11 +51,23 @@ class Worker:
         self._current: Job | None = None
         self._job_seconds = 5.0  # running estimate of a job's time, for Retry-After
         self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
+        self._load: Callable[[], EngineLike] | None = None
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
 
     # -- control ----------------------------------------------------------------------------
 
-    def start(self) -> Worker:
+    def start(self, load: Callable[[], EngineLike] | None = None) -> Worker:
+        """Start the thread. With `load`, the thread first builds its engine itself and
+        start() waits for that, raising what it raised: the model's CPU kernels run about
+        twice as fast in the thread that loaded it (measured on SmolLM2 int8: 87 tok/s
+        against 35-44 when loaded in the main thread and run here)."""
+        self._load = load
         self._thread.start()
+        if load is not None:
+            self._loaded.wait()
+            if self._load_error is not None:
+                raise self._load_error
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -63,7 +76,8 @@ class Worker:
         self._drain()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)  # wake the thread if it waits for work
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
         self._drain()  # anything submitted while the thread was finishing
 
     @property
@@ -114,6 +128,14 @@ class Worker:
     # -- the thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self._load is not None:
+            try:
+                self.engine = self._load()
+            except BaseException as exc:  # reported by start(), in the caller's thread
+                self._load_error = exc
+                return
+            finally:
+                self._loaded.set()
         while not self._stopping.is_set():
             self.heartbeat = time.monotonic()
             try:

@@ -7,7 +7,7 @@ import torch
 
 from inference.config import load_config
 from inference.embedded import EMBEDDED_NAME
-from inference.engine import _pick
+from inference.engine import PREFILL_CHUNK, _pick
 from inference.jobs import Sampling
 from inference.loading import ModelChoice, load_model
 
@@ -59,3 +59,18 @@ def test_sampling_respects_top_p():
     picks = {_pick(logits, Sampling(max_tokens=1, temperature=1.0, top_p=0.5))
              for _ in range(50)}
     assert picks == {0}
+
+
+def test_a_long_prefill_notices_stop_between_chunks(loaded):
+    engine, prompts = loaded
+    ids = prompts.encode([{"role": "user", "content": "word " * 1500}])
+    assert len(ids) > 3 * PREFILL_CHUNK
+    calls = []
+
+    def stop_during_prefill():
+        calls.append(1)
+        return len(calls) > 1  # the check before prefill passes, the first between chunks stops
+
+    result = engine.run(ids, Sampling(max_tokens=5), lambda _: None, stop_during_prefill)
+    assert result.finish_reason == "interrupted" and result.completion_tokens == 0
+    assert len(calls) == 2

@@ -182,3 +182,24 @@ def test_a_dead_thread_ends_its_job_and_refuses_new_ones_at_once(worker_for):
     with pytest.raises(Unavailable):
         worker.submit(Job(ids("y"), Sampling(max_tokens=1), timeout_s=30))
 
+
+
+def test_the_thread_builds_its_own_engine_and_start_reports_failures():
+    built_in = []
+
+    def load():
+        built_in.append(threading.current_thread().name)
+        return FakeEngine(token_s=0.0)
+
+    worker = Worker(None, 2).start(load)
+    assert built_in == ["inference"]
+    job = worker.submit(Job(ids("x"), Sampling(max_tokens=2), timeout_s=30))
+    assert isinstance(terminal_events(job)[1], Done)
+    worker.stop()
+
+    def broken():
+        raise OSError("weights unreadable")
+
+    with pytest.raises(OSError, match="unreadable"):
+        Worker(None, 2).start(broken)
+    Worker(None, 2).stop()  # never started: stopping is still safe
