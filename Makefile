@@ -22,6 +22,7 @@ run: install
 
 test: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
 lint: install

@@ -81,8 +81,12 @@ def serve(config: Config) -> int:
 
     server = make_http_server(config, create_app(config, runtime))
     start_http_thread(server)
-    log.info("listening on http://%s:%d (%d HTTP threads)", config.host, config.port,
-             config.waitress_threads)
+    log.info(
+        "listening on http://%s:%d (%d HTTP threads)",
+        config.host,
+        config.port,
+        config.waitress_threads,
+    )
 
     def status(text: str) -> None:
         runtime.status = text
@@ -100,8 +104,10 @@ def serve(config: Config) -> int:
         worker.start(load)
         engine, prompts = worker.engine, loaded["prompts"]
         status("warming up")
-        worker.run_now(prompts.encode([{"role": "user", "content": "Hello"}]),
-                       Sampling(max_tokens=WARMUP_TOKENS))
+        worker.run_now(
+            prompts.encode([{"role": "user", "content": "Hello"}]),
+            Sampling(max_tokens=WARMUP_TOKENS),
+        )
     except (_Interrupted, ModelLoadError, EmbeddedMissing, Exception) as exc:
         worker.stop()
         server.close()

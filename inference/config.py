@@ -59,9 +59,7 @@ class Config:
     strict_model: bool = _setting(
         False, "Exit instead of falling back to the embedded model when the model is missing."
     )
-    cache_dir: Path = _setting(
-        default_cache_dir, "Where downloaded and converted models are kept."
-    )
+    cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1)
     quantize: str = _setting(
         "int8",
@@ -168,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help=help_text,
             )
         else:
-            parser.add_argument(flag_name(f.name), default=None, metavar=_kind(f).upper(),
-                                help=help_text)
+            parser.add_argument(
+                flag_name(f.name), default=None, metavar=_kind(f).upper(), help=help_text
+            )
     return parser
 
 
@@ -197,9 +196,11 @@ def load_config(
             raise ConfigError(f"{source}: {exc}") from None
     config = Config(**values)
     if 0 < config.http_threads < config.max_queue + 2:
-        raise ConfigError(f"--http-threads {config.http_threads} is too few: the running job "
-                          f"and {config.max_queue} queued ones hold a thread each, and "
-                          f"/health needs one more (at least {config.max_queue + 2})")
+        raise ConfigError(
+            f"--http-threads {config.http_threads} is too few: the running job "
+            f"and {config.max_queue} queued ones hold a thread each, and "
+            f"/health needs one more (at least {config.max_queue + 2})"
+        )
     if config.max_tokens_default > config.max_tokens_cap:
         config = dataclasses.replace(config, max_tokens_default=config.max_tokens_cap)
     return config

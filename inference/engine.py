@@ -42,8 +42,15 @@ class Generation:
 class Engine:
     """Holds the model and the decode-side tokenizer."""
 
-    def __init__(self, model, tokenizer, name: str, context_tokens: int, eos_ids: set[int],
-                 prefix_cache: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str,
+        context_tokens: int,
+        eos_ids: set[int],
+        prefix_cache: bool = False,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -76,8 +83,13 @@ class Engine:
         cache.crop(reuse - cache.get_seq_length())  # a negative count: drop the rest
         return cache, reuse
 
-    def _prefill(self, prompt_ids: list[int], start: int, cache: DynamicCache,
-                 should_stop: Callable[[], bool]) -> torch.Tensor | None:
+    def _prefill(
+        self,
+        prompt_ids: list[int],
+        start: int,
+        cache: DynamicCache,
+        should_stop: Callable[[], bool],
+    ) -> torch.Tensor | None:
         """Run prompt_ids[start:]; the last position's logits, or None if told to stop
         between chunks. Chunks are aligned to the prompt's start: with prefix_cache they
         are the reusable PREFILL_BLOCKs."""

@@ -43,8 +43,9 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
     if _looks_like_path(config.model):
         path = Path(config.model).expanduser()
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"--model {config.model}: not a Hugging Face model folder "
-                                 f"(no config.json there)")
+            raise ModelLoadError(
+                f"--model {config.model}: not a Hugging Face model folder (no config.json there)"
+            )
         return ModelChoice(path.resolve(), path.name)
 
     from inference.download import ModelUnavailable, fetch_modelscope_model
@@ -62,8 +63,12 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
     except ModelUnavailable as exc:
         if config.strict_model:
             raise ModelLoadError(f"{exc} (strict model mode is on, so no fallback)") from None
-        log.warning("model %s unavailable (%s); serving the embedded %s instead",
-                    config.model, exc, EMBEDDED_NAME)
+        log.warning(
+            "model %s unavailable (%s); serving the embedded %s instead",
+            config.model,
+            exc,
+            EMBEDDED_NAME,
+        )
         status("default model unavailable; preparing the embedded model")
         return ModelChoice(embedded_model_dir(config.cache_dir), EMBEDDED_NAME)
 
@@ -105,8 +110,21 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
         model = load_quantized(choice.path, config.quantize, config.dtype, calibration)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
-    log.info("loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)", choice.name,
-             choice.path, time.monotonic() - started, config.threads, context, config.quantize)
-    engine = Engine(model, tokenizer, choice.name, context, eos_token_ids(model, tokenizer),
-                    prefix_cache=config.prefix_cache)
+    log.info(
+        "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",
+        choice.name,
+        choice.path,
+        time.monotonic() - started,
+        config.threads,
+        context,
+        config.quantize,
+    )
+    engine = Engine(
+        model,
+        tokenizer,
+        choice.name,
+        context,
+        eos_token_ids(model, tokenizer),
+        prefix_cache=config.prefix_cache,
+    )
     return engine, PromptBuilder(prompt_tokenizer, context)

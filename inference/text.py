@@ -25,7 +25,7 @@ class TextAssembler:
         after = self._decode(self._prefix, len(self._ids))
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""  # a special token, or half a character: wait for more
-        self._text += after[len(before):]
+        self._text += after[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
         return self._release()
 
@@ -34,7 +34,7 @@ class TextAssembler:
         if self.stopped:
             return ""
         before = self._decode(self._prefix, self._read)
-        self._text += self._decode(self._prefix, len(self._ids))[len(before):]
+        self._text += self._decode(self._prefix, len(self._ids))[len(before) :]
         self._read = len(self._ids)
         return self._take(len(self._text))
 
@@ -50,13 +50,13 @@ class TextAssembler:
 
     def _held_back(self) -> int:
         """Length of the longest tail of the text that could still grow into a stop string."""
-        tail = self._text[self._emitted:]
+        tail = self._text[self._emitted :]
         for n in range(min(max(map(len, self._stop), default=1) - 1, len(tail)), 0, -1):
             if any(s.startswith(tail[-n:]) for s in self._stop):
                 return n
         return 0
 
     def _take(self, end: int) -> str:
-        piece = self._text[self._emitted:end] if end > self._emitted else ""
+        piece = self._text[self._emitted : end] if end > self._emitted else ""
         self._emitted = max(self._emitted, end)
         return piece

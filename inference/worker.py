@@ -112,8 +112,10 @@ class Worker:
 
     def _overloaded(self) -> Overloaded:
         # A fair guess of when a slot frees up: the job-time estimate, at least one second.
-        return Overloaded(f"the queue is full ({self.capacity} waiting); retry later",
-                          retry_after_s=max(1, math.ceil(self._job_seconds)))
+        return Overloaded(
+            f"the queue is full ({self.capacity} waiting); retry later",
+            retry_after_s=max(1, math.ceil(self._job_seconds)),
+        )
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
         """Run one generation in the worker thread and wait for it (used for warm-up)."""
@@ -167,8 +169,12 @@ class Worker:
         if job.cancelled:
             return Failed(Cancelled("the client went away while queued"))
         if job.expired():
-            return Failed(Timeout(f"the request waited {queued_ms:.0f} ms in the queue and "
-                                  f"passed its {job.timeout_s:g} s deadline"))
+            return Failed(
+                Timeout(
+                    f"the request waited {queued_ms:.0f} ms in the queue and "
+                    f"passed its {job.timeout_s:g} s deadline"
+                )
+            )
         try:
             result = self.engine.run(
                 job.prompt_ids,
@@ -200,8 +206,10 @@ class Worker:
             return Unavailable("the server is stopping")
         if job.cancelled:
             return Cancelled("the client went away")
-        return Timeout(f"the request passed its {job.timeout_s:g} s deadline after "
-                       f"{result.completion_tokens} tokens")
+        return Timeout(
+            f"the request passed its {job.timeout_s:g} s deadline after "
+            f"{result.completion_tokens} tokens"
+        )
 
     def _drain(self) -> None:
         while True:

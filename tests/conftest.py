@@ -76,16 +76,27 @@ def fake_server():
 class ServerProcess:
     """The real `python server.py` on a loopback port, its log in a file."""
 
-    def __init__(self, tmp: Path, *flags: str, env: dict | None = None,
-                 wrapper: list[str] | None = None):
+    def __init__(
+        self, tmp: Path, *flags: str, env: dict | None = None, wrapper: list[str] | None = None
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        args = [sys.executable, str(ROOT / "server.py"), "--port", str(self.port),
-                "--cache-dir", str(TEST_CACHE), *flags]
+        args = [
+            sys.executable,
+            str(ROOT / "server.py"),
+            "--port",
+            str(self.port),
+            "--cache-dir",
+            str(TEST_CACHE),
+            *flags,
+        ]
         self.proc = subprocess.Popen(
-            [*(wrapper or []), *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            [*(wrapper or []), *args],
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
@@ -122,8 +133,9 @@ def start_server(tmp_path):
     """Start server.py with extra flags; stopped at teardown."""
     procs: list[ServerProcess] = []
 
-    def start(*flags: str, env: dict | None = None, ready: bool = True,
-              wrapper: list[str] | None = None) -> ServerProcess:
+    def start(
+        *flags: str, env: dict | None = None, ready: bool = True, wrapper: list[str] | None = None
+    ) -> ServerProcess:
         proc = ServerProcess(tmp_path, *flags, env=env, wrapper=wrapper)
         procs.append(proc)
         return proc.wait_ready() if ready else proc

@@ -15,8 +15,7 @@ class FakeEngine:
     name = "fake"
     context_tokens = 4096
 
-    def __init__(self, token_s: float = 0.01, fail_on: str | None = None,
-                 prefill_s: float = 0.0):
+    def __init__(self, token_s: float = 0.01, fail_on: str | None = None, prefill_s: float = 0.0):
         self.token_s = token_s
         self.fail_on = fail_on
         self.prefill_s = prefill_s  # an uninterruptible pause before the first token

@@ -19,13 +19,19 @@ class Reply:
         return json.loads(self.body)
 
 
-def request(base: str, method: str, path: str, body=None, raw: bytes | None = None,
-            headers: dict | None = None, timeout: float = 60) -> Reply:
+def request(
+    base: str,
+    method: str,
+    path: str,
+    body=None,
+    raw: bytes | None = None,
+    headers: dict | None = None,
+    timeout: float = 60,
+) -> Reply:
     url = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     try:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None
-                                            else None)
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         conn.request(method, path, body=data, headers=hdrs)
         resp = conn.getresponse()
@@ -44,8 +50,12 @@ class Stream:
     def __init__(self, base: str, body: dict, timeout: float = 120):
         url = urllib.parse.urlsplit(base)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-        self.conn.request("POST", "/chat", body=json.dumps({**body, "stream": True}),
-                          headers={"Content-Type": "application/json"})
+        self.conn.request(
+            "POST",
+            "/chat",
+            body=json.dumps({**body, "stream": True}),
+            headers={"Content-Type": "application/json"},
+        )
         self.response = self.conn.getresponse()
         self.status = self.response.status
 

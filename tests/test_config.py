@@ -21,24 +21,34 @@ def test_flags_beat_environment_beat_defaults():
 
 def test_booleans_from_environment_and_flags():
     assert load_config([], environ={"DESKCHAT_STRICT_MODEL": "1"}).strict_model is True
-    assert load_config(["--no-strict-model"],
-                       environ={"DESKCHAT_STRICT_MODEL": "yes"}).strict_model is False
+    assert (
+        load_config(["--no-strict-model"], environ={"DESKCHAT_STRICT_MODEL": "yes"}).strict_model
+        is False
+    )
 
 
-@pytest.mark.parametrize(("argv", "environ", "named"), [
-    (["--max-queue", "zero"], {}, "--max-queue"),
-    ([], {"DESKCHAT_PORT": "0"}, "DESKCHAT_PORT"),
-    ([], {"DESKCHAT_STRICT_MODEL": "maybe"}, "DESKCHAT_STRICT_MODEL"),
-    (["--max-queue", "4", "--http-threads", "5"], {}, "--http-threads"),
-])
+@pytest.mark.parametrize(
+    ("argv", "environ", "named"),
+    [
+        (["--max-queue", "zero"], {}, "--max-queue"),
+        ([], {"DESKCHAT_PORT": "0"}, "DESKCHAT_PORT"),
+        ([], {"DESKCHAT_STRICT_MODEL": "maybe"}, "DESKCHAT_STRICT_MODEL"),
+        (["--max-queue", "4", "--http-threads", "5"], {}, "--http-threads"),
+    ],
+)
 def test_bad_values_name_their_source(argv, environ, named):
     with pytest.raises(ConfigError, match=named):
         load_config(argv, environ=environ)
 
 
 def test_help_and_readme_list_every_setting():
-    help_text = subprocess.run([sys.executable, "server.py", "--help"], cwd=ROOT, check=True,
-                               capture_output=True, text=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "server.py", "--help"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     readme = (ROOT / "README.md").read_text()
     for f in dataclasses.fields(Config):
         assert flag_name(f.name) in help_text and env_name(f.name) in help_text

@@ -11,8 +11,11 @@ from inference.engine import PREFILL_CHUNK, _pick
 from inference.jobs import Sampling
 from inference.loading import ModelChoice, load_model
 
-QUESTIONS = ["What is the capital of France?", "写一个 Python 函数，计算斐波那契数列。",
-             "List three fruits."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "写一个 Python 函数，计算斐波那契数列。",
+    "List three fruits.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +32,13 @@ def test_greedy_run_matches_generate(loaded, question):
     pieces: list[str] = []
     result = engine.run(ids, Sampling(max_tokens=40), pieces.append, lambda: False)
     with torch.inference_mode():
-        out = engine.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,
-                                    eos_token_id=sorted(engine.eos_ids))
-    expected = engine.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+        out = engine.model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=40,
+            do_sample=False,
+            eos_token_id=sorted(engine.eos_ids),
+        )
+    expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert "".join(pieces) == expected
     assert result.completion_tokens == len(out[0]) - len(ids)
 
@@ -56,8 +63,7 @@ def test_tiny_temperature_is_greedy_not_nan():
 
 def test_sampling_respects_top_p():
     logits = torch.tensor([10.0, 9.9, -50.0, -50.0])
-    picks = {_pick(logits, Sampling(max_tokens=1, temperature=1.0, top_p=0.5))
-             for _ in range(50)}
+    picks = {_pick(logits, Sampling(max_tokens=1, temperature=1.0, top_p=0.5)) for _ in range(50)}
     assert picks == {0}
 
 

@@ -32,8 +32,10 @@ BAD_BODIES = [
     pytest.param({"messages": "hi"}, id="messages not a list"),
     pytest.param({"messages": [{"role": "robot", "content": "hi"}]}, id="unknown role"),
     pytest.param({"messages": [{"role": "user"}]}, id="missing content"),
-    pytest.param({"messages": [{"role": "user", "content": "a"},
-                               {"role": "assistant", "content": "b"}]}, id="last not user"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        id="last not user",
+    ),
     pytest.param({"message": "hi", "max_tokens": 0}, id="max_tokens zero"),
     pytest.param({"message": "hi", "max_tokens": "5"}, id="max_tokens string"),
     pytest.param({"message": "hi", "max_tokens": True}, id="max_tokens bool"),
@@ -59,14 +61,17 @@ def test_invalid_requests_are_400(fake_server, body):
     assert server.engine.ran == []
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param(b"{not json", id="not json"),
-    pytest.param(b'{"message": "hi", "temperature": NaN}', id="NaN"),
-    pytest.param(b'{"message": "hi", "top_p": Infinity}', id="Infinity"),
-    pytest.param(b"[" * 30000 + b"]" * 30000, id="deep nesting"),
-    pytest.param(b'{"message": "hi", "max_tokens": ' + b"9" * 5000 + b"}", id="huge integer"),
-    pytest.param(b'{"message": "\xff\xfe"}', id="not utf-8"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"{not json", id="not json"),
+        pytest.param(b'{"message": "hi", "temperature": NaN}', id="NaN"),
+        pytest.param(b'{"message": "hi", "top_p": Infinity}', id="Infinity"),
+        pytest.param(b"[" * 30000 + b"]" * 30000, id="deep nesting"),
+        pytest.param(b'{"message": "hi", "max_tokens": ' + b"9" * 5000 + b"}", id="huge integer"),
+        pytest.param(b'{"message": "\xff\xfe"}', id="not utf-8"),
+    ],
+)
 def test_malformed_json_is_400(fake_server, raw):
     server = fake_server()
     assert_error(request(server.url, "POST", "/chat", raw=raw), 400, "invalid_request")
@@ -95,15 +100,17 @@ def raw_exchange(url: str, data: bytes) -> tuple[bytes, bytes]:
 
 def test_body_over_waitress_own_limit_is_413_json(fake_server):
     server = fake_server(None, "--max-body-bytes", "1024")
-    head, body = raw_exchange(server.url, b"POST /chat HTTP/1.1\r\nHost: x\r\n"
-                                          b"Content-Length: 5000000\r\n\r\n{")
+    head, body = raw_exchange(
+        server.url, b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n{"
+    )
     assert head.startswith(b"HTTP/1.1 413") and b"application/json" in head
     assert json.loads(body)["error"]["type"] == "too_large"
 
 
 def test_malformed_http_is_400_json(fake_server):
-    head, body = raw_exchange(fake_server().url, b"POST /chat HTTP/1.1\r\nHost: x\r\n"
-                                                 b"Content-Length: nope\r\n\r\n")
+    head, body = raw_exchange(
+        fake_server().url, b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n"
+    )
     assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
     assert json.loads(body)["error"]["type"] == "invalid_request"
 
@@ -256,8 +263,10 @@ def raw_post(url: str, body: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
     data = json.dumps(body).encode()
-    sock.sendall(b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    sock.sendall(
+        b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
     return sock
 
 
@@ -297,8 +306,13 @@ def test_client_leaving_while_queued_drops_the_job(fake_server):
 
 def test_json_without_content_type_is_accepted(fake_server):
     server = fake_server(FakeEngine(token_s=0.0))
-    reply = request(server.url, "POST", "/chat", raw=b'{"message": "hi", "max_tokens": 1}',
-                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    reply = request(
+        server.url,
+        "POST",
+        "/chat",
+        raw=b'{"message": "hi", "max_tokens": 1}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] == 1
 
 

@@ -32,8 +32,11 @@ def test_system_replaces_the_default_and_any_given(builder):
 
 
 def test_turns_keep_their_order(builder):
-    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"},
-                {"role": "user", "content": "third"}]
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "second"},
+        {"role": "user", "content": "third"},
+    ]
     text = text_of(builder, builder.encode(messages))
     assert text.index("first") < text.index("second") < text.index("third")
 

@@ -31,16 +31,24 @@ def test_streamed_text_equals_plain_text_under_greedy(embedded_server):
 
 
 CONVERSATIONS = [
-    pytest.param([
-        {"role": "user", "content": "What is the capital of Japan?"},
-        {"role": "assistant", "content": "The capital of Japan is Tokyo."},
-        {"role": "user", "content": "Repeat the name of that city."},
-    ], "Tokyo", id="city"),
-    pytest.param([
-        {"role": "user", "content": "Remember this word: banana."},
-        {"role": "assistant", "content": "OK, I will remember the word banana."},
-        {"role": "user", "content": "Which word did I ask you to remember?"},
-    ], "banana", id="word"),
+    pytest.param(
+        [
+            {"role": "user", "content": "What is the capital of Japan?"},
+            {"role": "assistant", "content": "The capital of Japan is Tokyo."},
+            {"role": "user", "content": "Repeat the name of that city."},
+        ],
+        "Tokyo",
+        id="city",
+    ),
+    pytest.param(
+        [
+            {"role": "user", "content": "Remember this word: banana."},
+            {"role": "assistant", "content": "OK, I will remember the word banana."},
+            {"role": "user", "content": "Which word did I ask you to remember?"},
+        ],
+        "banana",
+        id="word",
+    ),
 ]
 
 
@@ -55,10 +63,14 @@ def test_multi_turn_uses_the_earlier_turns(embedded_server, messages, fact):
 
 def test_system_prompt_is_followed(embedded_server):
     default = chat(embedded_server.url, {"message": "Who are you?", "max_tokens": 30}).json()
-    custom = chat(embedded_server.url, {
-        "message": "Who are you?", "max_tokens": 30,
-        "system": "You are Zorg, a robot from Mars. Always say your name.",
-    }).json()
+    custom = chat(
+        embedded_server.url,
+        {
+            "message": "Who are you?",
+            "max_tokens": 30,
+            "system": "You are Zorg, a robot from Mars. Always say your name.",
+        },
+    ).json()
     assert "Zorg" in custom["response"] and "Zorg" not in default["response"]
 
 
@@ -87,8 +99,9 @@ def test_prompt_longer_than_context_is_413_with_counts(embedded_server):
 
 
 def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
-    stream = Stream(embedded_server.url, {"message": "Tell me a very long story.",
-                                          "max_tokens": 1000})
+    stream = Stream(
+        embedded_server.url, {"message": "Tell me a very long story.", "max_tokens": 1000}
+    )
     events = stream.events()
     for _ in range(5):
         next(events)
@@ -107,8 +120,11 @@ def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
 
 def test_health_answers_while_generating(embedded_server):
     result = {}
-    runner = threading.Thread(target=lambda: result.update(r=chat(
-        embedded_server.url, {"message": "Tell me a story.", "max_tokens": 60})))
+    runner = threading.Thread(
+        target=lambda: result.update(
+            r=chat(embedded_server.url, {"message": "Tell me a story.", "max_tokens": 60})
+        )
+    )
     runner.start()
     assert wait_until(lambda: request(embedded_server.url, "GET", "/health").json()["busy"], 10)
     started = time.monotonic()

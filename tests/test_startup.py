@@ -28,8 +28,7 @@ def test_missing_default_model_falls_back_with_one_warning(start_server):
 
 
 def test_strict_mode_exits_nonzero_saying_what_to_do(start_server):
-    server = start_server("--modelscope-endpoint", unreachable_hub(), "--strict-model",
-                          ready=False)
+    server = start_server("--modelscope-endpoint", unreachable_hub(), "--strict-model", ready=False)
     started = time.monotonic()
     code = server.proc.wait(60)
     assert code != 0
@@ -79,8 +78,12 @@ class NotifyListener:
 def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
     listener = NotifyListener()
     try:
-        server = start_server("--model", "embedded", ready=False,
-                              env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000"})
+        server = start_server(
+            "--model",
+            "embedded",
+            ready=False,
+            env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000"},
+        )
         end = time.monotonic() + 120
         while "READY=1" not in listener.texts() and time.monotonic() < end:
             assert server.proc.poll() is None, server.log()
@@ -113,18 +116,19 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
     cache = str(tmp_path / "cache")
     with ModelScopeStandin({"Qwen/Qwen2.5-0.5B-Instruct": files}) as hub:
-        first = start_server("--modelscope-endpoint", hub.url, "--cache-dir", cache,
-                             "--strict-model")
+        first = start_server(
+            "--modelscope-endpoint", hub.url, "--cache-dir", cache, "--strict-model"
+        )
         assert "model.safetensors" in hub.file_requests()
     reply = chat(first.url, {"message": "What is the capital of France?"}).json()
     assert reply["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "Paris" in reply["response"]
     assert first.stop() == 0
 
     # Second start: no network at all (its own network namespace), no fallback allowed.
-    second = start_server("--cache-dir", cache, "--strict-model", wrapper=NO_NETWORK,
-                          ready=False)
-    assert wait_until(lambda: "ready: serving" in second.log() or second.proc.poll() is not None,
-                      120), second.log()
+    second = start_server("--cache-dir", cache, "--strict-model", wrapper=NO_NETWORK, ready=False)
+    assert wait_until(
+        lambda: "ready: serving" in second.log() or second.proc.poll() is not None, 120
+    ), second.log()
     assert "ready: serving Qwen/Qwen2.5-0.5B-Instruct" in second.log(), second.log()
     assert " WARNING " not in second.log()
     assert second.stop() == 0

@@ -87,8 +87,9 @@ def test_full_queue_refuses_at_once_with_retry_after(worker_for):
     worker = worker_for(engine, max_queue=2)
     running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
     assert engine.started.wait(5)
-    waiting = [worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30))
-               for i in range(2)]
+    waiting = [
+        worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30)) for i in range(2)
+    ]
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
@@ -181,7 +182,6 @@ def test_a_dead_thread_ends_its_job_and_refuses_new_ones_at_once(worker_for):
     assert wait_until(lambda: not worker.alive, 5)
     with pytest.raises(Unavailable):
         worker.submit(Job(ids("y"), Sampling(max_tokens=1), timeout_s=30))
-
 
 
 def test_the_thread_builds_its_own_engine_and_start_reports_failures():

@@ -74,11 +74,14 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
         if exc.code == 404:
             error: ServiceError = NotFound(f"{where}: no such endpoint")
         elif exc.code == 405:
-            error = MethodNotAllowed(f"{where}: method not allowed",
-                                     headers={"Allow": ", ".join(exc.valid_methods or [])})
+            error = MethodNotAllowed(
+                f"{where}: method not allowed",
+                headers={"Allow": ", ".join(exc.valid_methods or [])},
+            )
         elif exc.code == 413:
-            error = PayloadTooLarge(f"the request body is over the {config.max_body_bytes}-byte "
-                                    "limit")
+            error = PayloadTooLarge(
+                f"the request body is over the {config.max_body_bytes}-byte limit"
+            )
         else:
             error = InvalidRequest(f"{where}: {exc.description}")
         return _service_error(error)
@@ -118,8 +121,9 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     return app
 
 
-def job_for(chat_request: ChatRequest, config: Config, prompts: PromptBuilder,
-            request_id: str) -> Job:
+def job_for(
+    chat_request: ChatRequest, config: Config, prompts: PromptBuilder, request_id: str
+) -> Job:
     """The one place a validated request becomes a Job: prompt ids, limits, deadline."""
     prompt_ids = prompts.encode(chat_request.messages, chat_request.system)
     prompts.check_fits(len(prompt_ids))

@@ -53,8 +53,10 @@ def relay(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
 def _done_fields(done: Done) -> dict:
     return {
         "finish_reason": done.finish_reason,
-        "usage": {"prompt_tokens": done.usage.prompt_tokens,
-                  "completion_tokens": done.usage.completion_tokens},
+        "usage": {
+            "prompt_tokens": done.usage.prompt_tokens,
+            "completion_tokens": done.usage.completion_tokens,
+        },
         "timings": done.timings(),
     }
 
@@ -69,8 +71,9 @@ def answer(job: Job, events: Iterator[Event], model: str) -> Response:
             raise event.error
         else:
             log_request(job.id, 200, event)
-            return jsonify({"id": job.id, "model": model, "response": "".join(parts),
-                            **_done_fields(event)})
+            return jsonify(
+                {"id": job.id, "model": model, "response": "".join(parts), **_done_fields(event)}
+            )
     log_request(job.id, 499, None)
     return Response(status=499)  # the client left; nobody reads this
 
@@ -94,8 +97,7 @@ def stream(job: Job, events: Iterator[Event], model: str) -> Response:
                     yield _sse({"id": job.id, "delta": event.text})
                 elif isinstance(event, Done):
                     status, done = 200, event
-                    yield _sse({"id": job.id, "model": model, "done": True,
-                                **_done_fields(event)})
+                    yield _sse({"id": job.id, "model": model, "done": True, **_done_fields(event)})
                 else:
                     status, error = event.error.status_code, event.error
                     yield _sse(event.error.to_dict(), event="error")
@@ -103,17 +105,28 @@ def stream(job: Job, events: Iterator[Event], model: str) -> Response:
             job.cancel()  # a no-op when finished; stops the worker when the client left
             log_request(job.id, status, done, error)
 
-    return Response(body(), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return Response(
+        body(),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
-def log_request(request_id: str, status: int, done: Done | None,
-                error: ServiceError | None = None) -> None:
+def log_request(
+    request_id: str, status: int, done: Done | None, error: ServiceError | None = None
+) -> None:
     """One line per request. Never the prompt or the answer: users' questions are private."""
     if done is None:
-        log.info("request %s status=%d%s", request_id, status,
-                 f" error={error.type}" if error else "")
+        log.info(
+            "request %s status=%d%s", request_id, status, f" error={error.type}" if error else ""
+        )
         return
-    log.info("request %s status=%d queued_ms=%.0f ttft_ms=%.0f completion_tokens=%d "
-             "tokens_per_s=%.1f", request_id, status, done.queued_ms, done.ttft_ms,
-             done.usage.completion_tokens, done.tokens_per_second)
+    log.info(
+        "request %s status=%d queued_ms=%.0f ttft_ms=%.0f completion_tokens=%d tokens_per_s=%.1f",
+        request_id,
+        status,
+        done.queued_ms,
+        done.ttft_ms,
+        done.usage.completion_tokens,
+        done.tokens_per_second,
+    )

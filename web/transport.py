@@ -20,8 +20,11 @@ class JsonErrorTask(ErrorTask):
 
     def execute(self):
         error = self.request.error
-        kind = "too_large" if error.code in (413, 431) else (
-            "invalid_request" if error.code < 500 else "internal")
+        kind = (
+            "too_large"
+            if error.code in (413, 431)
+            else ("invalid_request" if error.code < 500 else "internal")
+        )
         message = error.reason if error.code >= 500 else f"{error.reason}: {error.body}"
         body = json.dumps({"error": {"message": message, "type": kind, "code": error.code}})
         self.status = f"{error.code} {error.reason}"

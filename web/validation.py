@@ -13,8 +13,16 @@ MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
 MAX_TEMPERATURE = 2.0
-KNOWN_FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p",
-                "stream", "stop"}
+KNOWN_FIELDS = {
+    "message",
+    "messages",
+    "system",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "stop",
+}
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,9 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _number(body: dict, key: str, default: float, low: float, high: float,
-            low_open: bool = False) -> float:
+def _number(
+    body: dict, key: str, default: float, low: float, high: float, low_open: bool = False
+) -> float:
     value = body.get(key, default)
     if not _is_number(value) or not math.isfinite(value):
         raise InvalidRequest(f"'{key}' must be a finite number")
@@ -90,8 +99,9 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise InvalidRequest(f"'stop' must be a list of at most {MAX_STOP_STRINGS} strings")
     for s in stop:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
-            raise InvalidRequest(f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} "
-                                 "characters")
+            raise InvalidRequest(
+                f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} characters"
+            )
         _valid_unicode(s, "'stop'")
     return tuple(stop)
 
