@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench bench-peer clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,12 @@ lint: install
 
 bench: install
 	$(PY) -m bench --model qwen-shape
+
+# Optional: llama.cpp (Q8_0, Q4_K_M GGUFs of the same weights) in the same run. Builds
+# llama-cpp-python from source the first time (several minutes on 2 cores).
+bench-peer: install
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(PY) -m pip install --quiet -r requirements-peer.txt
+	$(PY) -m bench --model qwen-shape --peer llamacpp
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,8 +3,10 @@
 `engine`: deskchat's Engine, loaded by inference.loading with the DESKCHAT_* settings of
 the environment (so the bench measures the engine as configured). `baseline`: plain
 transformers, fp32, `model.generate` with its defaults apart from greedy decoding and a fixed
-answer length. Both produce exactly `max_tokens` tokens (end-of-text is ignored), so the two
-sides decode the same amount. Commands and answers are JSON lines; logs go to stderr.
+answer length. `llamacpp_q8_0` / `llamacpp_q4_k_m` (`--peer llamacpp`): llama.cpp on a GGUF
+(bench/peer_llamacpp.py), given the prompt as the token ids the parent rendered. All produce
+exactly `max_tokens` tokens (end-of-text is ignored), so the sides decode the same amount.
+Commands and answers are JSON lines; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -101,6 +103,22 @@ class BaselineSide:
         return _result(enc["input_ids"].shape[1], produced, streamer.at - started, e2e)
 
 
+class PeerSide:
+    """llama.cpp on one GGUF; prompts arrive as token ids (rendered by the parent)."""
+
+    def __init__(self, gguf: str, threads: int):
+        from bench.peer_llamacpp import LlamaCppSide
+
+        self.side = LlamaCppSide(gguf, threads)
+
+    def describe(self) -> dict:
+        return self.side.describe()
+
+    def run(self, ids: list[int], max_tokens: int) -> dict:
+        produced, ttft, e2e = self.side.run(ids, max_tokens)
+        return _result(len(ids), produced, ttft, e2e)
+
+
 def _result(prompt_tokens: int, produced: int, ttft_s: float, e2e_s: float, **extra) -> dict:
     decode_s = max(e2e_s - ttft_s, 1e-9)
     return {
@@ -115,8 +133,11 @@ def _result(prompt_tokens: int, produced: int, ttft_s: float, e2e_s: float, **ex
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--side", choices=("engine", "baseline"), required=True)
+    parser.add_argument(
+        "--side", choices=("engine", "baseline", "llamacpp_q8_0", "llamacpp_q4_k_m"), required=True
+    )
     parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--gguf", help="the GGUF file of a llamacpp_* side")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     reply = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
@@ -124,6 +145,8 @@ def main() -> int:
     started = time.perf_counter()
     if args.side == "engine":
         side = EngineSide(args.model_dir)
+    elif args.side.startswith("llamacpp_"):
+        side = PeerSide(args.gguf, args.threads)
     else:
         side = BaselineSide(args.model_dir, args.threads)
     load_s = time.perf_counter() - started
@@ -140,7 +163,9 @@ def main() -> int:
     )
     for line in sys.stdin:
         command = json.loads(line)
-        if command["cmd"] == "run":
+        if command["cmd"] == "run" and isinstance(side, PeerSide):
+            answer = side.run(command["ids"], command["max_tokens"])
+        elif command["cmd"] == "run":
             answer = side.run(command["messages"], command["max_tokens"])
         elif command["cmd"] == "stats":
             answer = {"peak_rss_mb": peak_rss_mb()}

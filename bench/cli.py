@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.peer_llamacpp import PEERS
 from bench.prompts import CORE, PROMPTS
 from bench.stats import SUMMARY_KEYS, percentile, summarize
 
@@ -18,7 +19,7 @@ SIDES = ("engine", "baseline")
 class Child:
     """A bench/child.py process speaking JSON lines."""
 
-    def __init__(self, side: str, model_dir: Path, threads: int):
+    def __init__(self, side: str, model_dir: Path, threads: int, extra: tuple[str, ...] = ()):
         self.side = side
         self.proc = subprocess.Popen(
             [
@@ -31,6 +32,7 @@ class Child:
                 str(model_dir),
                 "--threads",
                 str(threads),
+                *extra,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -71,28 +73,62 @@ def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:
     return path
 
 
+def prompt_ids(model_dir: Path) -> dict[str, list[int]]:
+    """The prompts as token ids, rendered with the model's chat template (for peer sides)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return {
+        name: list(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        for name, messages in PROMPTS.items()
+    }
+
+
 def run_side_by_side(
-    model_dir: Path, rounds: int, max_tokens: int, threads: int, log=print
+    model_dir: Path,
+    rounds: int,
+    max_tokens: int,
+    threads: int,
+    log=print,
+    peers: dict[str, Path] | None = None,
 ) -> dict:
-    """Load each side in turn (alone on the CPU), then alternate them request by request."""
+    """Load each side in turn (alone on the CPU), then alternate them request by request.
+
+    `peers` maps extra side names (llamacpp_q8_0, ...) to their GGUF files; those sides get
+    the prompts as token ids rendered here with the model's chat template.
+    """
+    peers = peers or {}
+    sides = (*SIDES, *peers)
+    ids = prompt_ids(model_dir) if peers else {}
+
+    def ask_run(side: str, name: str, tokens: int) -> dict:
+        if side in peers:
+            return children[side].ask(cmd="run", ids=ids[name], max_tokens=tokens)
+        return children[side].ask(cmd="run", messages=PROMPTS[name], max_tokens=tokens)
+
     children = {}
     try:
-        for side in SIDES:
+        for side in sides:
             log(f"loading {side} ...")
-            children[side] = Child(side, model_dir, threads)
+            extra = ("--gguf", str(peers[side])) if side in peers else ()
+            children[side] = Child(side, model_dir, threads, extra)
             log(f"  {side} loaded in {children[side].hello['load_s']:.1f} s")
-        for child in children.values():  # warm-up, not measured
-            child.ask(cmd="run", messages=PROMPTS["short"], max_tokens=8)
-        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for side in sides:  # warm-up, not measured
+            ask_run(side, "short", 8)
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(rounds):
-            order = SIDES if r % 2 == 0 else SIDES[::-1]
-            for name, messages in PROMPTS.items():
+            order = sides if r % 2 == 0 else sides[::-1]
+            for name in PROMPTS:
                 for side in order:
-                    result = children[side].ask(cmd="run", messages=messages, max_tokens=max_tokens)
+                    result = ask_run(side, name, max_tokens)
                     result["prompt"] = name
                     runs[side].append(result)
                     log(
-                        f"  round {r + 1} {name:13s} {side:8s} ttft {result['ttft_ms']:7.1f} ms"
+                        f"  round {r + 1} {name:13s} {side:15s} ttft {result['ttft_ms']:7.1f} ms"
                         f"  decode {result['decode_tok_s']:6.2f} tok/s"
                     )
         report = {}
@@ -129,14 +165,16 @@ def side_report(runs: list[dict], peak_rss_mb: float, hello: dict) -> dict:
 
 def format_table(report: dict) -> str:
     keys = (*SUMMARY_KEYS, "follow_up_ttft_ms_p50")
-    sides = [s for s in SIDES if s in report]
-    lines = [f"{'':24s}" + "".join(f"{s:>12s}" for s in sides) + f"{'ratio':>10s}"]
+    sides = [s for s in report if s != "meta"]
+    width = max(12, *(len(s) + 2 for s in sides))
+    lines = [f"{'':24s}" + "".join(f"{s:>{width}s}" for s in sides) + f"{'ratio':>10s}"]
     for key in keys:
         values = [report[s].get(key) for s in sides]
-        ratio = ""
-        if len(values) == 2 and values[1]:
-            ratio = f"{values[0] / values[1]:9.2f}x"
-        lines.append(f"{key:24s}" + "".join(f"{v:12.2f}" for v in values) + f"{ratio:>10s}")
+        ratio = ""  # engine / baseline
+        engine, baseline = (report.get(s, {}).get(key) for s in SIDES)
+        if engine is not None and baseline:
+            ratio = f"{engine / baseline:9.2f}x"
+        lines.append(f"{key:24s}" + "".join(f"{v:{width}.2f}" for v in values) + f"{ratio:>10s}")
     return "\n".join(lines)
 
 
@@ -165,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--http", metavar="URL", help="measure a running server instead (POST URL/chat, streamed)"
     )
     parser.add_argument("--clients", type=int, default=1, help="with --http: concurrent clients")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
+        "Q4_K_M, in the same run (optional extra: pip install -r requirements-peer.txt)",
+    )
     return parser
 
 
@@ -191,7 +235,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.max_tokens} tokens; threads {config.threads}"
         )
         load_before = os.getloadavg()
-        report = run_side_by_side(model_dir, args.rounds, args.max_tokens, config.threads)
+        peers = {}
+        if args.peer:
+            from bench.peer_llamacpp import PeerMissing, ensure_ggufs
+
+            try:
+                peers = ensure_ggufs(model_dir, config.cache_dir, config.threads)
+            except PeerMissing as exc:
+                print(f"bench: {exc}", file=sys.stderr)
+                return 2
+        report = run_side_by_side(
+            model_dir, args.rounds, args.max_tokens, config.threads, peers=peers
+        )
         report["meta"] = {
             # a shared CPU: the 1-minute load average before and after, to read numbers by
             "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],

@@ -62,3 +62,46 @@ def test_missing_fixture_is_a_clear_error(tmp_path):
 def test_parser_defaults_to_the_qwen_shape():
     args = build_parser().parse_args([])
     assert args.model == "qwen-shape" and args.clients == 1
+
+
+def test_parser_accepts_the_llamacpp_peer_only():
+    assert build_parser().parse_args(["--peer", "llamacpp"]).peer == "llamacpp"
+    assert build_parser().parse_args([]).peer is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--peer", "vllm"])
+
+
+def test_missing_llama_cpp_is_a_clear_error(monkeypatch):
+    import sys
+
+    from bench.peer_llamacpp import PeerMissing, require_llama_cpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(PeerMissing, match=r"pip install -r requirements-peer\.txt"):
+        require_llama_cpp()
+
+
+def test_bench_without_llama_cpp_exits_with_the_install_hint(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from bench import cli
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    monkeypatch.setattr(cli, "resolve_model", lambda *_a: tmp_path)
+    assert cli.main(["--model", str(tmp_path), "--peer", "llamacpp"]) == 2
+    assert "pip install -r requirements-peer.txt" in capsys.readouterr().err
+
+
+def test_table_has_a_column_per_peer_and_keeps_the_engine_baseline_ratio():
+    hello = {"load_s": 1.0, "setup": {}}
+    report = {
+        "engine": side_report(_runs(), 500.0, hello),
+        "baseline": side_report(_runs(), 1000.0, hello),
+        "llamacpp_q8_0": side_report(_runs(), 700.0, hello),
+        "llamacpp_q4_k_m": side_report(_runs(), 600.0, hello),
+        "meta": {"rounds": 1},
+    }
+    table = format_table(report)
+    header = table.splitlines()[0]
+    assert "llamacpp_q8_0" in header and "llamacpp_q4_k_m" in header and "meta" not in header
+    assert "0.50x" in table
