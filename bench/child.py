@@ -142,6 +142,7 @@ def main() -> int:
     args = parser.parse_args()
     reply = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # library prints must not corrupt the protocol
+    os.dup2(2, 1)  # nor native ones (llama.cpp logs through C stdio)
     started = time.perf_counter()
     if args.side == "engine":
         side = EngineSide(args.model_dir)
