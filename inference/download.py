@@ -100,7 +100,10 @@ def fetch_modelscope_model(
             )
         )
 
-    log.info("downloading %s@%s from %s into %s", model_id, revision, reachable, cache_dir)
+    # With no endpoint configured, modelscope picks its site itself; the probe only proved
+    # that one answers.
+    site = endpoint or f"ModelScope (reachable: {reachable})"
+    log.info("downloading %s@%s from %s into %s", model_id, revision, site, cache_dir)
     from modelscope import snapshot_download
 
     started = time.monotonic()
@@ -118,7 +121,7 @@ def fetch_modelscope_model(
     except Exception as exc:
         raise ModelUnavailable(
             _one_line(
-                f"downloading model {model_id}@{revision} from {reachable} failed "
+                f"downloading model {model_id}@{revision} from {site} failed "
                 f"({type(exc).__name__}: {exc}); check the model id and revision, "
                 f"run again to resume, or {advice}"
             )
@@ -253,7 +256,7 @@ def _first_reachable(endpoints: list[str], timeout_s: float) -> tuple[str | None
                 break
             done.wait(left)
         if answered:
-            # Prefer the earlier (modelscope's preferred) endpoint when both answered.
+            # Of those that answered by the time this thread woke, the earlier in the list.
             return min(answered, key=endpoints.index), ""
         return None, errors[-1] if errors else f"no answer within {timeout_s:g} s"
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from inference.jobs import Sampling
+from inference.jobs import Generation, Sampling
 from inference.text import TextAssembler
 
 # Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
@@ -30,13 +29,6 @@ PREFILL_BLOCK = 32
 # cancel or a deadline is noticed (and the watchdog sees progress) during a long prefill;
 # typical prompts fit in one chunk and run as one forward.
 PREFILL_CHUNK = 256
-
-
-@dataclass(frozen=True)
-class Generation:
-    finish_reason: str  # "stop" | "length" | "interrupted"
-    completion_tokens: int
-    ttft_s: float  # start of run() to the first token
 
 
 class Engine:

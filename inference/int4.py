@@ -15,6 +15,11 @@ GROUP_SIZE = 64
 INNER_K_TILES = 2
 
 
+def fits_int4(out_features: int, in_features: int) -> bool:
+    """Shapes the packing kernel takes: whole groups along K, and N a multiple of 16."""
+    return in_features % GROUP_SIZE == 0 and out_features % 16 == 0
+
+
 def quantize_weight(weight: torch.Tensor, group_size: int = GROUP_SIZE):
     """(packed uint8 weight, bf16 scales-and-zeros [K/group, N, 2]) for a [N, K] weight.
 
@@ -47,10 +52,6 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE) -> Int4Linear:
-        return cls(linear.weight, linear.bias, group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

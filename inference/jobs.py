@@ -22,6 +22,15 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """What the engine reports of one run (the worker turns it into Done or Failed)."""
+
+    finish_reason: str  # "stop" | "length" | "interrupted"
+    completion_tokens: int
+    ttft_s: float  # start of run() to the first token
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
 

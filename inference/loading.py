@@ -101,6 +101,11 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
     status(f"loading {choice.name}")
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(choice.path)
+    if not tokenizer.chat_template:
+        raise ModelLoadError(
+            f"{choice.path} has no chat template: deskchat serves instruct "
+            "(chat) models; use an -Instruct model folder"
+        )
     prompt_tokenizer = AutoTokenizer.from_pretrained(choice.path)
     if config.quantize == "none":
         dtype = compute_dtype(config.quantize, config.dtype)

@@ -79,13 +79,6 @@ class Int8Embedding(nn.Module):
             scale[start : start + n] = s
         return cls(q, scale, out_dtype)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The de-quantized table (for inspection; forward never builds it)."""
-        rows, dim = self.q.shape
-        groups = self.scale.shape[1]
-        return (self.q.float().reshape(rows, groups, -1) * self.scale[..., None]).reshape(rows, dim)
-
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         rows = nn.functional.embedding(input_ids, self.q).to(self.out_dtype)
         scale = nn.functional.embedding(input_ids, self.scale).to(self.out_dtype)
@@ -152,22 +145,21 @@ def quantized_linear(
     if column_scale is not None:
         weight = weight.float() * column_scale
     if quantize == "int4":
-        from inference.int4 import Int4Linear
+        from inference.int4 import Int4Linear, fits_int4
 
-        return Int4Linear(weight, bias)
+        if fits_int4(*weight.shape):
+            return Int4Linear(weight, bias)
+        return _int8_linear(weight, bias)  # a shape the int4 kernel refuses
     raise ValueError(f"not a quantization: {quantize!r}")
 
 
-def quantize_linears(module: nn.Module, quantize: str) -> int:
-    """Replace every nn.Linear below `module` by its quantized form; returns how many."""
-    count = 0
+def quantize_linears(module: nn.Module, quantize: str) -> None:
+    """Replace every nn.Linear below `module` by its quantized form."""
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, quantized_linear(child.weight, child.bias, quantize))
-            count += 1
         else:
-            count += quantize_linears(child, quantize)
-    return count
+            quantize_linears(child, quantize)
 
 
 def _libc():
@@ -250,12 +242,21 @@ class CheckpointReader:
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
+# Architectures whose decoder is plain embed -> layers -> norm, which the layer-by-layer
+# build reproduces exactly (Gemma, for one, scales its embedding and is not among them).
+LAYERWISE_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+
+
 def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.Module:
     """Any other architecture: load whole, then quantize its Linears (a higher peak, and no
     smoothing)."""
     from transformers import AutoModelForCausalLM
 
-    log.warning("%s is not a Llama-style decoder: loading it whole before quantizing", folder)
+    log.warning(
+        "%s: not a Llama-style decoder in safetensors; loading it whole before "
+        "quantizing (a higher memory peak, no smoothing)",
+        folder,
+    )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=target).eval()
     quantize_linears(model, quantize)  # lm_head is replaced, a tied embedding keeps its table
     return model
@@ -266,7 +267,9 @@ def load_quantized(
 ) -> nn.Module:
     """Build the model from `folder` with its Linears (lm_head included) quantized.
 
-    Llama-style decoders (Llama, Qwen2, SmolLM2, ...) only. For int8, `calibration_ids` turns
+    Llama-style decoders (LAYERWISE_TYPES, safetensors weights) are built layer by layer,
+    for a low memory peak; any other model is loaded whole and then quantized, without
+    smoothing. For int8, `calibration_ids` turns
     on smoothing (inference/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
     """
@@ -275,8 +278,10 @@ def load_quantized(
     from inference import smooth
 
     target = compute_dtype(quantize, dtype)
-    _mmap_threshold(1 << 20)
     config = AutoConfig.from_pretrained(folder)
+    if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
+        return _load_then_quantize(folder, quantize, target)
+    _mmap_threshold(1 << 20)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=target)
     decoder = getattr(model, "model", None)
@@ -284,7 +289,8 @@ def load_quantized(
     embed_name = "model.embed_tokens.weight"
     if not (
         embed_name in reader
-        and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb", "embed_tokens"))
+        and type(getattr(decoder, "embed_tokens", None)) is nn.Embedding
+        and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb"))
     ):
         return _load_then_quantize(folder, quantize, target)
     blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from inference.engine import Generation
 from inference.errors import (
     Cancelled,
     Internal,
@@ -26,7 +25,7 @@ from inference.errors import (
     Timeout,
     Unavailable,
 )
-from inference.jobs import Delta, Done, Failed, Job, Sampling, Usage
+from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 
 log = logging.getLogger("deskchat.worker")
 

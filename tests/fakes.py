@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from inference.engine import Generation
+from inference.jobs import Generation
 from inference.prompt import PromptBuilder
 
 

@@ -157,6 +157,19 @@ def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
 def test_sigterm_while_loading_exits_cleanly(start_server):
     server = start_server("--model", "embedded", ready=False)
     assert wait_until(lambda: "listening on" in server.log(), 30)
+    loading = request(server.url, "GET", "/health")  # the port is open before the model
+    assert loading.status == 503 and loading.json()["status"] == "loading"
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0
     assert "Traceback" not in server.log()
+
+
+def test_a_model_without_chat_template_is_refused_clearly(start_server, tmp_path, embedded_dir):
+    import shutil
+
+    folder = tmp_path / "no-template"
+    shutil.copytree(embedded_dir, folder)
+    (folder / "chat_template.jinja").unlink()
+    server = start_server("--model", str(folder), ready=False)
+    assert server.proc.wait(120) == 2
+    assert "no chat template" in server.log() and "Traceback" not in server.log()
