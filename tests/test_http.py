@@ -270,23 +270,25 @@ def raw_post(url: str, body: dict) -> socket.socket:
     return sock
 
 
-def test_client_leaving_a_stream_stops_its_job(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02))
+def leave_a_stream(server) -> None:
     stream = Stream(server.url, {"message": "long", "max_tokens": 100_000})
     events = stream.events()
     for _ in range(3):
         next(events)
     stream.close()
-    assert wait_until(lambda: not server.worker.busy, 1.0)  # uncancelled: 1024 tokens, 20 s
-    assert server.engine.tokens_made[-1] < 40
 
 
-def test_client_leaving_a_plain_request_stops_its_job(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02))
+def leave_a_plain_request(server) -> None:
     sock = raw_post(server.url, {"message": "long", "max_tokens": 100_000})
     assert server.engine.started.wait(5)
     time.sleep(0.2)
     sock.close()
+
+
+@pytest.mark.parametrize("leave", [leave_a_stream, leave_a_plain_request])
+def test_client_leaving_stops_its_running_job(fake_server, leave):
+    server = fake_server(FakeEngine(token_s=0.02))
+    leave(server)
     assert wait_until(lambda: not server.worker.busy, 1.0)  # uncancelled: 1024 tokens, 20 s
     assert server.engine.tokens_made[-1] < 40
 
