@@ -93,33 +93,37 @@ def serve(config: Config) -> int:
         notifier.status(text)
 
     worker = Worker(None, config.max_queue)
-    loaded = {}
+    prompts = None
 
     def load():  # runs in the inference thread: the model is built where it will run
-        engine, loaded["prompts"] = load_model(choice, config, status)
+        nonlocal prompts
+        engine, prompts = load_model(choice, config, status)
         return engine
+
+    def abandon(code: int, why: Exception | None) -> int:
+        worker.stop()
+        server.close()
+        if why is not None:
+            notifier.send(f"STATUS=failed: {why}")
+        return code
 
     try:
         choice = choose_model(config, status)
-        worker.start(load)
-        engine, prompts = worker.engine, loaded["prompts"]
+        engine = worker.start(load).engine
         status("warming up")
         worker.run_now(
             prompts.encode([{"role": "user", "content": "Hello"}]),
             Sampling(max_tokens=WARMUP_TOKENS),
         )
-    except (_Interrupted, ModelLoadError, EmbeddedMissing, Exception) as exc:
-        worker.stop()
-        server.close()
-        if isinstance(exc, _Interrupted):
-            log.info("stopped before the model was ready")
-            return 0
-        if isinstance(exc, ModelLoadError | EmbeddedMissing):
-            log.error("cannot start: %s", exc)
-        else:
-            log.exception("cannot start: unexpected error while loading the model")
-        notifier.send(f"STATUS=failed: {exc}")
-        return 2 if isinstance(exc, ModelLoadError | EmbeddedMissing) else 1
+    except _Interrupted:
+        log.info("stopped before the model was ready")
+        return abandon(0, None)
+    except (ModelLoadError, EmbeddedMissing) as exc:
+        log.error("cannot start: %s", exc)
+        return abandon(2, exc)
+    except Exception as exc:
+        log.exception("cannot start: unexpected error while loading the model")
+        return abandon(1, exc)
 
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.worker = worker  # last: from here on /chat and /health serve

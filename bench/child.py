@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 
 def peak_rss_mb() -> float:
@@ -29,7 +30,7 @@ class EngineSide:
         from inference.loading import ModelChoice, load_model
 
         config = load_config([], os.environ)
-        choice = ModelChoice(__import__("pathlib").Path(model_dir), os.path.basename(model_dir))
+        choice = ModelChoice(Path(model_dir), os.path.basename(model_dir))
         self.config = config
         self.engine, self.prompts = load_model(choice, config, lambda _msg: None)
         self.engine.eos_ids = set()  # fixed-length answers, like the baseline's

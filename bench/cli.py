@@ -87,15 +87,10 @@ def prompt_ids(model_dir: Path) -> dict[str, list[int]]:
     """The prompts as token ids, rendered with the model's chat template (for peer sides)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return {
-        name: list(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
-        )
-        for name, messages in PROMPTS.items()
-    }
+    from inference.prompt import PromptBuilder
+
+    builder = PromptBuilder(AutoTokenizer.from_pretrained(model_dir), context_tokens=0)
+    return {name: builder.encode(messages) for name, messages in PROMPTS.items()}
 
 
 def run_side_by_side(

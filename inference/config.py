@@ -21,12 +21,9 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 def physical_cores() -> int:
     """Physical cores, not hyper-threads: a second thread on one core only fights for bandwidth."""
-    try:
-        import psutil
+    import psutil
 
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:  # psutil is pinned; this only guards odd installs
-        return os.cpu_count() or 1
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def default_cache_dir() -> Path:
@@ -201,6 +198,4 @@ def load_config(
             f"and {config.max_queue} queued ones hold a thread each, and "
             f"/health needs one more (at least {config.max_queue + 2})"
         )
-    if config.max_tokens_default > config.max_tokens_cap:
-        config = dataclasses.replace(config, max_tokens_default=config.max_tokens_cap)
     return config

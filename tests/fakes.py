@@ -13,7 +13,6 @@ class FakeEngine:
     """Emits `tokens` words, one per `token_s` seconds; records the order jobs ran in."""
 
     name = "fake"
-    context_tokens = 4096
 
     def __init__(self, token_s: float = 0.01, fail_on: str | None = None, prefill_s: float = 0.0):
         self.token_s = token_s

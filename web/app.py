@@ -129,7 +129,7 @@ def job_for(
     prompts.check_fits(len(prompt_ids))
     wanted = chat_request.max_tokens or config.max_tokens_default
     sampling = Sampling(
-        max_tokens=min(wanted, config.max_tokens_cap, prompts.context_tokens - len(prompt_ids)),
+        max_tokens=min(wanted, config.max_tokens_cap),  # the engine also bounds it by context
         temperature=chat_request.temperature,
         top_p=chat_request.top_p,
         stop=chat_request.stop,
