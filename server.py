@@ -21,6 +21,8 @@ from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
 from inference.worker import Worker
 from web.app import Runtime, create_app
+from web.auth import load_keys, reload_keys
+from web.keys import KeyFileError
 from web.transport import make_http_server, start_http_thread
 
 log = logging.getLogger("deskchat")
@@ -68,16 +70,30 @@ class _Interrupted(Exception):
 
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
-    runtime = Runtime()
+    try:
+        runtime = Runtime()
+        runtime.keys.replace(load_keys(config))
+    except KeyFileError as exc:
+        log.error("cannot start: %s", exc)
+        notifier.send(f"STATUS=failed: {exc}")
+        return 2
     stop = threading.Event()
+    wake = threading.Event()  # the main thread's doorbell: a stop, or a SIGHUP to handle
+    reload_asked = threading.Event()
 
     def on_signal(*_):
         if not runtime.ready:
             raise _Interrupted()
         stop.set()
+        wake.set()
+
+    def on_hangup(*_):  # the work happens in the main loop, not in the handler
+        reload_asked.set()
+        wake.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
 
     server = make_http_server(config, create_app(config, runtime))
     start_http_thread(server)
@@ -131,7 +147,14 @@ def serve(config: Config) -> int:
     notifier.send("READY=1")
     threading.Thread(target=_watchdog, args=(notifier, worker, stop), daemon=True).start()
 
-    stop.wait()
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if reload_asked.is_set():
+            reload_asked.clear()
+            notifier.send("RELOADING=1")
+            reload_keys(config, runtime.keys)
+            notifier.send("READY=1")
     notifier.send("STOPPING=1")
     log.info("stopping: refusing new requests, ending queued and running ones with 503")
     worker.stop()

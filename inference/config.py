@@ -89,6 +89,14 @@ class Config:
         0, "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.", 0
     )
     log_level: str = _setting("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
+    api_keys_file: Path | None = _setting(
+        None,
+        "File of API keys, one 'name:key' per line; with keys, every route but GET /health "
+        "needs one. Re-read on SIGHUP.",
+    )
+    allow_unauthenticated: bool = _setting(
+        False, "Allow listening on a non-loopback address with no API keys."
+    )
 
     @property
     def waitress_threads(self) -> int:
@@ -124,8 +132,8 @@ def _convert(f: dataclasses.Field, text: str):
     kind = _kind(f)
     if kind == "bool":
         return _parse_bool(text)
-    if f.type == "str | None":
-        return text or None
+    if f.type.endswith("| None") and not text:
+        return None
     converters = {"int": int, "float": float, "Path": lambda s: Path(s).expanduser(), "str": str}
     value = converters[kind](text)
     choices = f.metadata.get("choices")

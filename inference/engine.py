@@ -109,6 +109,7 @@ class Engine:
         ttft = 0.0
         budget = min(sampling.max_tokens, self.context_tokens - len(prompt_ids))
         text = TextAssembler(self.tokenizer, sampling.stop)
+        generator = _generator(sampling.seed)
         cache, reused = self._start_cache(prompt_ids)
         self.reused_tokens = reused
         produced = 0
@@ -128,7 +129,7 @@ class Engine:
                 logits = self.model(
                     input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
                 ).logits
-            token = _pick(logits[0, -1], sampling)
+            token = _pick(logits[0, -1], sampling, generator)
             if produced == 0:
                 ttft = time.monotonic() - start
             produced += 1
@@ -150,14 +151,25 @@ class Engine:
         return Generation(finish, produced, ttft)
 
 
-def _pick(logits: torch.Tensor, sampling: Sampling) -> int:
-    """Greedy when temperature is 0, else temperature + nucleus (top_p) sampling."""
+def _generator(seed: int | None) -> torch.Generator | None:
+    """A generator of the job's own, so a seed gives the same text whatever ran before."""
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed(seed % 2**64)
+
+
+def _pick(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> int:
+    """Greedy when temperature is 0, else temperature + nucleus (top_p) sampling. The most
+    likely token always stays a candidate, however small top_p is."""
     if sampling.temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        keep[0] = True
         sorted_probs = sorted_probs * keep
-        return int(order[torch.multinomial(sorted_probs, 1)])
-    return int(torch.multinomial(probs, 1))
+        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,81 +1,91 @@
-"""The one error type of the service. Each subclass knows its HTTP status and its `type`;
-the web layer renders any of them as {"error": {"message", "type", "code"}} in one place.
+"""The one error type of the service: what went wrong, as a kind (`type`) and a message.
+
+It knows nothing of HTTP: the web side (web/errors.py) decides each kind's status and headers,
+and each API dialect renders the body in its own shape.
 """
 
 from __future__ import annotations
 
 
 class ServiceError(Exception):
-    status_code = 500
     type = "internal"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+    def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
         self.message = message
-        self.headers = headers or {}
-
-    def to_dict(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.status_code}}
+        self.param = param  # the request field at fault, when there is one
 
 
 class InvalidRequest(ServiceError):
-    status_code = 400
     type = "invalid_request"
 
 
+class Unauthorized(ServiceError):
+    """No API key, or not one of ours."""
+
+    type = "unauthorized"
+
+
 class NotFound(ServiceError):
-    status_code = 404
     type = "not_found"
 
 
 class MethodNotAllowed(ServiceError):
-    status_code = 405
     type = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: list[str]):
+        super().__init__(message)
+        self.allowed = allowed
 
 
 class PayloadTooLarge(ServiceError):
-    status_code = 413
     type = "too_large"
 
 
-class Overloaded(ServiceError):
-    status_code = 503
+class Retryable(ServiceError):
+    """An error worth retrying after `retry_after_s` seconds."""
+
+    retry_after_s: float = 10.0
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class TooManyFailures(Retryable):
+    """One address sent too many wrong keys within a minute."""
+
+    type = "too_many_failures"
+
+
+class Overloaded(Retryable):
     type = "overloaded"
 
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
-
-class Loading(ServiceError):
-    status_code = 503
+class Loading(Retryable):
     type = "loading"
+    retry_after_s = 5.0
 
     def __init__(self, message: str = "the model is still loading; try again shortly"):
-        super().__init__(message, headers={"Retry-After": "5"})
+        super().__init__(message)
 
 
-class Unavailable(ServiceError):
+class Unavailable(Retryable):
     """The server is stopping, or its inference thread is gone: retry after a restart."""
 
-    status_code = 503
     type = "unavailable"
-
-    def __init__(self, message: str):
-        super().__init__(message, headers={"Retry-After": "10"})
 
 
 class Timeout(ServiceError):
-    status_code = 504
     type = "timeout"
 
 
 class Cancelled(ServiceError):
     """The client went away; nobody reads this, but the job still ends with one terminal item."""
 
-    status_code = 499
     type = "cancelled"
 
 
 class Internal(ServiceError):
-    status_code = 500
     type = "internal"

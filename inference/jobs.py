@@ -19,6 +19,7 @@ class Sampling:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    seed: int | None = None  # same seed, same request: same text
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import queue
 import threading
 import time
@@ -113,7 +112,7 @@ class Worker:
         # A fair guess of when a slot frees up: the job-time estimate, at least one second.
         return Overloaded(
             f"the queue is full ({self.capacity} waiting); retry later",
-            retry_after_s=max(1, math.ceil(self._job_seconds)),
+            retry_after_s=self._job_seconds,
         )
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:

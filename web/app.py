@@ -1,59 +1,63 @@
-"""The Flask app factory: /chat and /health, and the one place errors become JSON.
+"""The Flask app factory: the dialects' blueprints, /health, the API-key gate, and the one
+place errors become HTTP responses (status and headers from web/errors.py, the body in the
+shape of the route's dialect).
 
-Handlers validate, turn the request into a Job (`job_for`), hand it to the worker and relay
-its reply queue (web/replies.py). They never call the model.
+Handlers validate, hand a Job to the worker and relay its reply queue (web/relay.py). They
+never call the model.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from inference.config import Config
 from inference.errors import (
+    Cancelled,
     Internal,
     InvalidRequest,
-    Loading,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     ServiceError,
 )
-from inference.jobs import Job, Sampling, new_request_id
-from inference.prompt import PromptBuilder
-from inference.worker import Worker
-from web.replies import answer, log_request, relay, stream
-from web.validation import ChatRequest, parse_json, validate_chat_request
+from inference.jobs import new_request_id
+from web import chat_api, openai_api
+from web.auth import Gate
+from web.errors import headers_of, status_of
+from web.request_log import RequestLog
+from web.runtime import Runtime
 
 log = logging.getLogger("deskchat.http")
 
 MAX_PATH_IN_ERROR = 100  # characters of an unknown path echoed back in a 404
+# Each dialect's error shape, by path prefix; anything else gets /chat's.
+ERROR_SHAPES = (("/v1/", openai_api.error_body),)
+
+__all__ = ["Runtime", "create_app"]
 
 
-@dataclass
-class Runtime:
-    """What the model side hands the web layer once loaded; until then /chat answers 503."""
-
-    worker: Worker | None = None
-    prompts: PromptBuilder | None = None
-    model_name: str | None = None
-    status: str = "starting"
-
-    @property
-    def ready(self) -> bool:
-        return self.worker is not None
+def _error_body(error: ServiceError, status: int) -> dict:
+    for prefix, shape in ERROR_SHAPES:
+        if request.path.startswith(prefix):
+            return shape(error, status)
+    return chat_api.error_body(error, status)
 
 
 def create_app(config: Config, runtime: Runtime) -> Flask:
     app = Flask("deskchat")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    gate = Gate(runtime.keys)
 
     @app.before_request
     def _start():
         g.request_id = new_request_id()
+        g.client = request.remote_addr or "-"
+        g.log = RequestLog(g.request_id, request.path[:MAX_PATH_IN_ERROR])
+        g.disconnected = request.environ.get("waitress.client_disconnected", lambda: False)
+        g.log.key_name = gate.admit(request.method, request.path, request.headers, g.client)
 
     @app.after_request
     def _tag(response: Response) -> Response:
@@ -62,10 +66,14 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     @app.errorhandler(ServiceError)
     def _service_error(exc: ServiceError):
-        log_request(g.get("request_id", "-"), exc.status_code, None, exc)
-        response = jsonify(exc.to_dict())
-        response.status_code = exc.status_code
-        response.headers.update(exc.headers)
+        status = status_of(exc)
+        if "log" in g:
+            g.log.finish(status, error=exc)
+        if isinstance(exc, Cancelled):
+            return Response(status=499)  # the client left; nobody reads this
+        response = jsonify(_error_body(exc, status))
+        response.status_code = status
+        response.headers.update(headers_of(exc))
         return response
 
     @app.errorhandler(HTTPException)
@@ -74,10 +82,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
         if exc.code == 404:
             error: ServiceError = NotFound(f"{where}: no such endpoint")
         elif exc.code == 405:
-            error = MethodNotAllowed(
-                f"{where}: method not allowed",
-                headers={"Allow": ", ".join(exc.valid_methods or [])},
-            )
+            error = MethodNotAllowed(f"{where}: method not allowed", exc.valid_methods or [])
         elif exc.code == 413:
             error = PayloadTooLarge(
                 f"the request body is over the {config.max_body_bytes}-byte limit"
@@ -104,34 +109,6 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
         }
         return jsonify(body), 200 if worker.alive else 503
 
-    @app.post("/chat", provide_automatic_options=False)
-    def chat():
-        if not runtime.ready:
-            raise Loading()
-        chat_request = validate_chat_request(parse_json(request.get_data(cache=False)))
-        runtime.worker.check_room()  # a full queue refuses before the tokenizer's work
-        job = job_for(chat_request, config, runtime.prompts, g.request_id)
-        runtime.worker.submit(job)
-        disconnected = request.environ.get("waitress.client_disconnected", lambda: False)
-        events = relay(job, disconnected)
-        if chat_request.stream:
-            return stream(job, events, runtime.model_name)
-        return answer(job, events, runtime.model_name)
-
+    app.register_blueprint(chat_api.blueprint(config, runtime))
+    app.register_blueprint(openai_api.blueprint(config, runtime))
     return app
-
-
-def job_for(
-    chat_request: ChatRequest, config: Config, prompts: PromptBuilder, request_id: str
-) -> Job:
-    """The one place a validated request becomes a Job: prompt ids, limits, deadline."""
-    prompt_ids = prompts.encode(chat_request.messages, chat_request.system)
-    prompts.check_fits(len(prompt_ids))
-    wanted = chat_request.max_tokens or config.max_tokens_default
-    sampling = Sampling(
-        max_tokens=min(wanted, config.max_tokens_cap),  # the engine also bounds it by context
-        temperature=chat_request.temperature,
-        top_p=chat_request.top_p,
-        stop=chat_request.stop,
-    )
-    return Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)

@@ -1,4 +1,9 @@
-"""Checking a /chat body. The named limits and the one validator that raises 400."""
+"""Checking request bodies: the named limits and the field checks every dialect shares.
+
+Each check raises InvalidRequest naming the field (`param`) and the problem. What a body may
+contain is each dialect's own business (web/chat_api.py, web/openai_request.py); what one
+field may hold, and into which ChatRequest it turns, is decided here once.
+"""
 
 from __future__ import annotations
 
@@ -13,97 +18,146 @@ MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
 MAX_TEMPERATURE = 2.0
-KNOWN_FIELDS = {
-    "message",
-    "messages",
-    "system",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "stream",
-    "stop",
-}
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch's generator takes
 
 
 @dataclass(frozen=True)
 class ChatRequest:
+    """One chat request in any dialect, checked; the one input of `relay.submit()`."""
+
     messages: list[dict]
-    system: str | None
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    stream: bool
-    stop: tuple[str, ...]
+    system: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stream: bool = False
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _valid_unicode(value: str, what: str) -> str:
+def _valid_unicode(value: str, what: str, param: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate such as "\ud800"
-        raise InvalidRequest(f"{what} is not valid Unicode text") from None
+        raise InvalidRequest(f"{what} is not valid Unicode text", param=param) from None
     return value
 
 
-def _text(value, what: str) -> str:
+def text(value, what: str, param: str) -> str:
+    """A non-empty string of valid Unicode."""
     if not isinstance(value, str):
-        raise InvalidRequest(f"{what} must be a string")
+        raise InvalidRequest(f"{what} must be a string", param=param)
     if not value.strip():
-        raise InvalidRequest(f"{what} is empty")
-    return _valid_unicode(value, what)
+        raise InvalidRequest(f"{what} is empty", param=param)
+    return _valid_unicode(value, what, param)
 
 
-def _messages(body: dict) -> list[dict]:
-    has_one, has_list = "message" in body, "messages" in body
-    if has_one == has_list:
-        raise InvalidRequest("give exactly one of 'message' (a string) or 'messages' (a list)")
-    if has_one:
-        return [{"role": "user", "content": _text(body["message"], "'message'")}]
-    raw = body["messages"]
+def check_turns(messages: list[dict]) -> list[dict]:
+    """The conversation must end with the user's turn: that is what the model answers."""
+    if messages[-1]["role"] != "user":
+        raise InvalidRequest("the last message must be the user's", param="messages")
+    return messages
+
+
+def message_list(raw) -> list:
     if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("'messages' must be a non-empty list")
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
     if len(raw) > MAX_MESSAGES:
-        raise InvalidRequest(f"'messages' has {len(raw)} entries; at most {MAX_MESSAGES}")
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise InvalidRequest(f"messages[{i}] must be an object with 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role {m['role']!r} is not one of {ROLES}")
-        out.append({"role": m["role"], "content": _text(m["content"], f"messages[{i}].content")})
-    if out[-1]["role"] != "user":
-        raise InvalidRequest("the last message must be the user's")
-    return out
+        raise InvalidRequest(
+            f"'messages' has {len(raw)} entries; at most {MAX_MESSAGES}", param="messages"
+        )
+    return raw
 
 
-def _number(
+def number(
     body: dict, key: str, default: float, low: float, high: float, low_open: bool = False
 ) -> float:
+    """A finite number in [low, high] (or (low, high]); any JSON number, however large."""
     value = body.get(key, default)
-    if not _is_number(value) or not math.isfinite(value):
-        raise InvalidRequest(f"'{key}' must be a finite number")
-    if value > high or value < low or (low_open and value == low):
+    if value is None:
+        value = default
+    try:
+        as_float = float(value) if isinstance(value, int | float) else math.nan
+    except OverflowError:  # an integer with hundreds of digits
+        as_float = math.inf
+    if isinstance(value, bool) or not math.isfinite(as_float):
+        raise InvalidRequest(f"'{key}' must be a finite number", param=key)
+    if as_float > high or as_float < low or (low_open and as_float == low):
         bracket = "(" if low_open else "["
-        raise InvalidRequest(f"'{key}' must be in {bracket}{low:g}, {high:g}], got {value}")
-    return float(value)
+        shown = f"{as_float:g}"
+        raise InvalidRequest(
+            f"'{key}' must be in {bracket}{low:g}, {high:g}], got {shown}", param=key
+        )
+    return as_float
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop", [])
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"'stop' must be a list of at most {MAX_STOP_STRINGS} strings")
-    for s in stop:
+def temperature(body: dict) -> float:
+    return number(body, "temperature", 0.0, 0.0, MAX_TEMPERATURE)
+
+
+def top_p(body: dict) -> float:
+    return number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+
+
+def positive_int(value, key: str) -> int | None:
+    """None when absent, else an integer of at least 1."""
+    if value is None:
+        return None
+    if not is_int(value) or value < 1:
+        raise InvalidRequest(f"'{key}' must be a positive integer", param=key)
+    return value
+
+
+def seed(value) -> int | None:
+    if value is None:
+        return None
+    if not is_int(value) or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise InvalidRequest("'seed' must be an integer of at most 64 bits", param="seed")
+    return value
+
+
+def flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{key}' must be true or false", param=key)
+    return value
+
+
+def stop(body: dict) -> tuple[str, ...]:
+    """`stop`: a string or a list of at most MAX_STOP_STRINGS short strings."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
+        raise InvalidRequest(
+            f"'stop' must be a list of at most {MAX_STOP_STRINGS} strings", param="stop"
+        )
+    for s in value:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
             raise InvalidRequest(
-                f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} characters"
+                f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} characters",
+                param="stop",
             )
-        _valid_unicode(s, "'stop'")
-    return tuple(stop)
+        _valid_unicode(s, "'stop'", "stop")
+    return tuple(value)
+
+
+def known_fields(body, allowed: set[str]) -> dict:
+    """The body as a dict with no field outside `allowed`: a typo never passes silently."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    return body
 
 
 def _no_constants(name: str):
@@ -117,32 +171,3 @@ def parse_json(data: bytes):
     except (ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidRequest(f"the body is not valid JSON: {reason}"[:300]) from None
-
-
-def validate_chat_request(body) -> ChatRequest:
-    """The whole /chat body, checked; raises InvalidRequest naming the first problem."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
-    system = body.get("system")
-    if system is not None:
-        system = _text(system, "'system'")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise InvalidRequest("'max_tokens' must be a positive integer")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be true or false")
-    return ChatRequest(
-        messages=_messages(body),
-        system=system,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 0.0, MAX_TEMPERATURE),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        stream=stream,
-        stop=_stop(body),
-    )

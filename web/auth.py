@@ -1,0 +1,142 @@
+"""Who may use the service: API keys on every route but `GET /health`, a brake on key
+guessing, and the rule that the service never opens itself to the LAN without keys.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+
+from inference.config import Config
+from inference.errors import TooManyFailures, Unauthorized
+from web.keys import KeyFileError, KeyRing, read_key_file
+
+log = logging.getLogger("deskchat.auth")
+
+OPEN_ROUTES = {("GET", "/health")}  # liveness for systemd and load balancers
+FAILURE_WINDOW_S = 60.0
+MAX_FAILURES = 10  # wrong or missing keys per address and window before it gets 429
+MAX_TRACKED_ADDRESSES = 4096  # memory bound: the oldest addresses are forgotten first
+
+
+class FailureLimiter:
+    """Counts failed attempts per client address over a sliding window."""
+
+    def __init__(self, limit: int = MAX_FAILURES, window_s: float = FAILURE_WINDOW_S, clock=None):
+        self.limit = limit
+        self.window_s = window_s
+        self._clock = clock or time.monotonic
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, address: str, now: float) -> deque[float]:
+        times = self._failures.get(address, deque())
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        return times
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds until `address` may try again; 0 when it may now."""
+        now = self._clock()
+        with self._lock:
+            times = self._recent(address, now)
+            if len(times) < self.limit:
+                return 0.0
+            return times[-self.limit] + self.window_s - now
+
+    def record(self, address: str) -> None:
+        now = self._clock()
+        with self._lock:
+            times = self._recent(address, now)
+            times.append(now)
+            self._failures.pop(address, None)
+            self._failures[address] = times  # most recent last
+            while len(self._failures) > MAX_TRACKED_ADDRESSES:
+                self._failures.pop(next(iter(self._failures)))
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """`Authorization: Bearer KEY`, else `X-Api-Key: KEY`."""
+    scheme, _, token = headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get("X-Api-Key", "").strip() or None
+
+
+class Gate:
+    def __init__(self, keys: KeyRing, limiter: FailureLimiter | None = None):
+        self.keys = keys
+        self.limiter = limiter or FailureLimiter()
+
+    def admit(self, method: str, path: str, headers: Mapping[str, str], client: str) -> str | None:
+        """The name of the request's key (None when no keys are configured or the route is
+        open); raises Unauthorized, or TooManyFailures for an address that keeps failing."""
+        if not len(self.keys) or (method, path) in OPEN_ROUTES:
+            return None
+        wait = self.limiter.blocked_for(client)
+        if wait > 0:
+            raise TooManyFailures(
+                f"too many failed API key attempts from {client}; try again later", wait
+            )
+        presented = presented_key(headers)
+        name = self.keys.name_of(presented) if presented else None
+        if name is None:
+            self.limiter.record(client)
+            if presented is None:
+                raise Unauthorized(
+                    "an API key is required: send 'Authorization: Bearer KEY' (or 'X-Api-Key')"
+                )
+            raise Unauthorized("the API key is not valid")
+        return name
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve to anything: treat it as the LAN
+
+
+def exposure_problem(config: Config, key_count: int) -> str | None:
+    """Why the server must not start (or take these keys) as configured, or None."""
+    if key_count or config.allow_unauthenticated or is_loopback(config.host):
+        return None
+    where = config.api_keys_file or "a key file"
+    return (
+        f"refusing to listen on {config.host} without API keys: anyone on the network could "
+        f"use the model. Add a 'name:key' line to {where} and pass --api-keys-file "
+        "(DESKCHAT_API_KEYS_FILE), or pass --allow-unauthenticated to accept that"
+    )
+
+
+def load_keys(config: Config) -> dict[str, bytes]:
+    """The configured keys at start; raises KeyFileError (a bad file, or none on the LAN)."""
+    keys = read_key_file(config.api_keys_file) if config.api_keys_file else {}
+    problem = exposure_problem(config, len(keys))
+    if problem:
+        raise KeyFileError(problem)
+    if not keys and not is_loopback(config.host):
+        log.warning(
+            "listening on %s with no API keys: anyone on the network may use it", config.host
+        )
+    return keys
+
+
+def reload_keys(config: Config, ring: KeyRing) -> None:
+    """SIGHUP: read the key file again; on any problem keep the keys in force and say why."""
+    if config.api_keys_file is None:
+        log.info("SIGHUP: no API key file configured; nothing to reload")
+        return
+    try:
+        keys = load_keys(config)
+    except KeyFileError as exc:
+        log.error("SIGHUP: keeping the %d API keys in force: %s", len(ring), exc)
+        return
+    ring.replace(keys)
+    log.info("SIGHUP: %d API keys in force (%s)", len(keys), ", ".join(sorted(keys)) or "none")

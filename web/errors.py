@@ -1,0 +1,43 @@
+"""How each kind of ServiceError looks in HTTP: its status and its headers. The one place
+statuses are decided; each dialect only shapes the body.
+"""
+
+from __future__ import annotations
+
+import math
+
+from inference.errors import MethodNotAllowed, Retryable, ServiceError, Unauthorized
+
+STATUS = {
+    "invalid_request": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "too_large": 413,
+    "too_many_failures": 429,
+    "cancelled": 499,  # the client left; nobody reads it
+    "internal": 500,
+    "overloaded": 503,
+    "loading": 503,
+    "unavailable": 503,
+    "timeout": 504,
+}
+# The official OpenAI client ignores a Retry-After above 60 s and gives up instead.
+MAX_RETRY_AFTER_S = 60
+
+
+def status_of(error: ServiceError) -> int:
+    return STATUS.get(error.type, 500)
+
+
+def headers_of(error: ServiceError) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if isinstance(error, Retryable):
+        wait = min(max(error.retry_after_s, 0.001), MAX_RETRY_AFTER_S)
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
+    if isinstance(error, MethodNotAllowed):
+        headers["Allow"] = ", ".join(error.allowed)
+    if isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="deskchat"'
+    return headers

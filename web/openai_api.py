@@ -1,0 +1,135 @@
+"""The OpenAI dialect: /v1/chat/completions and /v1/models, over the shared relay.
+
+Any OpenAI client works by changing its base_url (and api_key). Errors take OpenAI's shape,
+{"error": {"message", "type", "param", "code"}}, with our kind as `code`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, g, jsonify, request
+
+from inference.config import Config
+from inference.errors import Loading, NotFound, ServiceError
+from inference.jobs import Done
+from web import relay, validation
+from web.errors import status_of
+from web.openai_request import parse_completion_request
+from web.relay import sse_frame
+from web.runtime import Runtime
+
+
+def error_body(error: ServiceError, status: int) -> dict:
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    else:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+    return {
+        "error": {"message": error.message, "type": kind, "param": error.param, "code": error.type}
+    }
+
+
+def _usage(done: Done) -> dict:
+    prompt, completion = done.usage.prompt_tokens, done.usage.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class CompletionStream:
+    """chat.completion.chunk events: the role, content deltas, the finish reason, with
+    include_usage a usage chunk, then `data: [DONE]`; an error is one `data: {"error"}`."""
+
+    def __init__(self, request_id: str, model: str, created: int, include_usage: bool):
+        self.head = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+        self.include_usage = include_usage
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        usage = {"usage": None} if self.include_usage else {}
+        return sse_frame({**self.head, "choices": [choice], **usage, **extra})
+
+    def begin(self) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, text: str) -> list[str]:
+        return [self._chunk({"content": text})]
+
+    def done(self, done: Done) -> list[str]:
+        frames = [self._chunk({}, done.finish_reason, timings=done.timings())]
+        if self.include_usage:
+            frames.append(sse_frame({**self.head, "choices": [], "usage": _usage(done)}))
+        return [*frames, sse_frame("[DONE]")]
+
+    def error(self, error: ServiceError) -> list[str]:
+        return [sse_frame(error_body(error, status_of(error)))]
+
+
+def _model_card(runtime: Runtime) -> dict:
+    return {
+        "id": runtime.model_name,
+        "object": "model",
+        "created": runtime.created,
+        "owned_by": "deskchat",
+    }
+
+
+def blueprint(config: Config, runtime: Runtime) -> Blueprint:
+    bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+    @bp.post("/chat/completions", provide_automatic_options=False)
+    def completions():
+        body = validation.parse_json(request.get_data(cache=False))
+        chat_request, include_usage = parse_completion_request(body)
+        created = int(time.time())
+        job = relay.submit(chat_request, config, runtime, g.request_id)
+        relayed = relay.events(job, g.disconnected)
+        model = runtime.model_name
+        if chat_request.stream:
+            shape = CompletionStream(job.id, model, created, include_usage)
+            return relay.sse(job, relayed, shape, g.log)
+        text, done = relay.collect(relayed, g.log)
+        message = {"role": "assistant", "content": text}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": done.finish_reason,
+        }
+        return jsonify(
+            {
+                "id": job.id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": _usage(done),
+                "timings": done.timings(),
+            }
+        )
+
+    @bp.get("/models", provide_automatic_options=False)
+    def models():
+        if not runtime.ready:
+            raise Loading()
+        return jsonify({"object": "list", "data": [_model_card(runtime)]})
+
+    @bp.get("/models/<path:model_id>", provide_automatic_options=False)
+    def model(model_id: str):
+        if not runtime.ready:
+            raise Loading()
+        if model_id != runtime.model_name:
+            raise NotFound(f"no model {model_id[:100]!r} here", param="model")
+        return jsonify(_model_card(runtime))
+
+    return bp

@@ -1,0 +1,142 @@
+"""The one path from a checked ChatRequest to an answer, shared by every dialect.
+
+`submit()` turns the request into a Job and hands it to the worker; `events()` relays the
+job's reply queue while watching the client (gone: cancel the job) and the deadline (passed:
+504); `collect()` and `sse()` deliver it as one answer or as a stream. A dialect supplies
+only the shapes: a StreamShape for events, a dict for the whole answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from flask import Response
+
+from inference.config import Config
+from inference.errors import Cancelled, Loading, ServiceError, Timeout
+from inference.jobs import Delta, Done, Event, Failed, Job, Sampling
+from web.errors import status_of
+from web.request_log import RequestLog
+from web.runtime import Runtime
+from web.validation import ChatRequest
+
+POLL_S = 0.05  # how often a waiting handler looks at its client and its job
+# A running job's deadline is enforced by the worker between tokens; this is only the
+# handler's guard against a generation step that never returns.
+RUNNING_GRACE_S = 5.0
+
+
+def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_id: str) -> Job:
+    """The one place a checked request becomes a Job on the FIFO: prompt ids, limits,
+    deadline. A full queue refuses before the tokenizer's work."""
+    if not runtime.ready:
+        raise Loading()
+    runtime.worker.check_room()
+    prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system)
+    runtime.prompts.check_fits(len(prompt_ids))
+    wanted = chat_request.max_tokens or config.max_tokens_default
+    sampling = Sampling(
+        max_tokens=min(wanted, config.max_tokens_cap),  # the engine also bounds it by context
+        temperature=chat_request.temperature,
+        top_p=chat_request.top_p,
+        stop=chat_request.stop,
+        seed=chat_request.seed,
+    )
+    job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
+    return runtime.worker.submit(job)
+
+
+def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
+    """The job's events up to and including its terminal one; cancels it if the client left.
+
+    Never waits forever: a queued job is given up at its deadline, a running one a little
+    after, both as a Timeout.
+    """
+    while True:
+        if disconnected():
+            job.cancel()
+            return
+        try:
+            event = job.events.get(timeout=POLL_S)
+        except queue.Empty:
+            grace = RUNNING_GRACE_S if job.started else 0.0
+            if time.monotonic() > job.deadline + grace:
+                job.cancel()
+                yield Failed(Timeout(f"no answer within the {job.timeout_s:g} s deadline"))
+                return
+            continue
+        yield event
+        if not isinstance(event, Delta):
+            return
+
+
+def collect(relayed: Iterator[Event], log: RequestLog) -> tuple[str, Done]:
+    """The whole answer and its Done; raises the job's error, or Cancelled if the client left."""
+    parts = []
+    for event in relayed:
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Failed):
+            raise event.error
+        else:
+            log.finish(200, event)
+            return "".join(parts), event
+    raise Cancelled("the client went away")
+
+
+class StreamShape(Protocol):
+    """How one dialect writes a stream; each method returns whole SSE frames."""
+
+    def begin(self) -> list[str]: ...
+
+    def delta(self, text: str) -> list[str]: ...
+
+    def done(self, done: Done) -> list[str]: ...
+
+    def error(self, error: ServiceError) -> list[str]: ...
+
+
+def sse_frame(data: dict | str, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"{head}data: {payload}\n\n"
+
+
+def sse(job: Job, relayed: Iterator[Event], shape: StreamShape, log: RequestLog) -> Response:
+    """A text/event-stream response. An error before the first event is a plain HTTP error
+    with its status (raised here); after that it is the dialect's error event, then the end."""
+    first = next(relayed, None)
+    if isinstance(first, Failed):
+        raise first.error
+    if first is None:
+        raise Cancelled("the client went away")
+
+    def body() -> Iterator[str]:
+        status, done, failure = 499, None, None
+        try:
+            yield from shape.begin()
+            for event in itertools.chain([first], relayed):
+                if isinstance(event, Delta):
+                    yield from shape.delta(event.text)
+                elif isinstance(event, Done):
+                    status, done = 200, event
+                    yield from shape.done(event)
+                else:
+                    status, failure = status_of(event.error), event.error
+                    yield from shape.error(event.error)
+        finally:
+            job.cancel()  # a no-op when finished; stops the worker when the client left
+            log.finish(status, done, failure)
+
+    return Response(
+        body(),
+        mimetype="text/event-stream",
+        # No Content-Length: waitress sends it chunked and closes the connection at the end,
+        # so clients that read until the server closes also see the end.
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,41 @@
+"""One log line per request: its id, route, key name, status and timings.
+
+Never the prompt, the answer or the key itself: users' questions are private, keys secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from inference.errors import ServiceError
+from inference.jobs import Done
+
+log = logging.getLogger("deskchat.http")
+
+
+@dataclass
+class RequestLog:
+    request_id: str
+    route: str
+    key_name: str | None = None
+    _written: bool = False
+
+    def finish(self, status: int, done: Done | None = None, error: ServiceError | None = None):
+        """Write the line; only the first call of a request counts."""
+        if self._written:
+            return
+        self._written = True
+        who = f" key={self.key_name}" if self.key_name else ""
+        head = f"request {self.request_id} route={self.route}{who} status={status}"
+        if done is None:
+            log.info("%s%s", head, f" error={error.type}" if error else "")
+            return
+        log.info(
+            "%s queued_ms=%.0f ttft_ms=%.0f completion_tokens=%d tokens_per_s=%.1f",
+            head,
+            done.queued_ms,
+            done.ttft_ms,
+            done.usage.completion_tokens,
+            done.tokens_per_second,
+        )

@@ -1,0 +1,24 @@
+"""What the model side hands the web layer once loaded; until then chat routes answer 503."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from inference.prompt import PromptBuilder
+from inference.worker import Worker
+from web.keys import KeyRing
+
+
+@dataclass
+class Runtime:
+    worker: Worker | None = None
+    prompts: PromptBuilder | None = None
+    model_name: str | None = None
+    status: str = "starting"
+    keys: KeyRing = field(default_factory=KeyRing)
+    created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None
