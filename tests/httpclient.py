@@ -47,14 +47,21 @@ def chat(base: str, body: dict, timeout: float = 120) -> Reply:
 class Stream:
     """An open SSE response: iterate events as (event_name, data_dict); close() hangs up."""
 
-    def __init__(self, base: str, body: dict, timeout: float = 120):
+    def __init__(
+        self,
+        base: str,
+        body: dict,
+        timeout: float = 120,
+        path: str = "/chat",
+        headers: dict | None = None,
+    ):
         url = urllib.parse.urlsplit(base)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
         self.conn.request(
             "POST",
-            "/chat",
+            path,
             body=json.dumps({**body, "stream": True}),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         self.response = self.conn.getresponse()
         self.status = self.response.status
@@ -66,7 +73,8 @@ class Stream:
             if line.startswith("event: "):
                 name = line[7:]
             elif line.startswith("data: "):
-                yield name, json.loads(line[6:])
+                data = line[6:]
+                yield name, data if data == "[DONE]" else json.loads(data)
                 name = "message"
 
     def close(self):
