@@ -19,9 +19,11 @@ source "${HERE}/lib.sh"
 
 readonly KEYS="${SYSROOT}/etc/deskchat/api-keys"
 readonly RUN_DIR="${SYSROOT}/run/deskchat-keys"
+# The copy in the making; removed on exit if it was not renamed in.
+TMP=""
 
 main() {
-  local owner tmp
+  local owner
   if (( $# )); then
     sed -n '3,11s/^# \{0,1\}//p' "$0" >&2
     exit 2
@@ -45,12 +47,12 @@ main() {
   # The service's user owns RUN_DIR and could swap a file there for a symlink:
   # prepare the copy in root's /run, then rename it in (rename never follows
   # a link, and a reader sees the old file or the new one, never half of it).
-  tmp="$(mktemp "${SYSROOT}/run/.deskchat-api-keys.XXXXXX")"
-  trap 'rm -f "${tmp}"' EXIT
-  cat "${KEYS}" >"${tmp}"
-  chown "${owner}" "${tmp}"
-  chmod 0400 "${tmp}"
-  mv -f -T "${tmp}" "${RUN_DIR}/api-keys"
+  trap 'rm -f "${TMP}"' EXIT
+  TMP="$(mktemp "${SYSROOT}/run/.deskchat-api-keys.XXXXXX")"
+  cat "${KEYS}" >"${TMP}"
+  chown "${owner}" "${TMP}"
+  chmod 0400 "${TMP}"
+  mv -f -T "${TMP}" "${RUN_DIR}/api-keys"
   echo "copied ${KEYS} to ${RUN_DIR}/api-keys (owner ${owner}, mode 0400)"
 }
 
