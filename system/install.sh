@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # Install deskchat as a systemd service: a venv and the app under the prefix
-# (/opt/deskchat), settings in /etc/deskchat, both units enabled.
+# (/opt/deskchat), settings and API keys in /etc/deskchat, both units enabled.
 # Usage: install.sh [--prefix DIR] [--skip-pip] [--dry-run]
 #   --skip-pip (or DESKCHAT_INSTALL_SKIP_PIP=1): create the venv without pip
 #   and install no packages (for tests). TORCH_INDEX=URL: extra pip index,
@@ -16,16 +16,28 @@ readonly APP_FILES=(server.py requirements.txt README.md inference web)
 # shellcheck source=SCRIPTDIR/install-lib.sh
 source "${HERE}/install-lib.sh"
 
-# Copy SRC to DEST unless the operator edited DEST: then write DEST.dist.
+# Copy SRC to DEST (with MODE, default 0644) unless the operator edited DEST:
+# then write DEST.dist.
 install_conf() {
-  local src="$1" dest="$2"
+  local src="$1" dest="$2" mode="${3:-0644}"
   if [[ ! -e "${dest}" ]]; then
-    run install -m 0644 "${src}" "${dest}"
+    run install -m "${mode}" "${src}" "${dest}"
   elif cmp -s "${src}" "${dest}"; then
     echo "${dest} is up to date"
   else
-    run install -m 0644 "${src}" "${dest}.dist"
+    run install -m "${mode}" "${src}" "${dest}.dist"
     echo "kept your ${dest}; the new default is in ${dest}.dist"
+  fi
+}
+
+# The API keys file: created with only its comment header, never replaced,
+# and root's alone (0600, root-owned when run as root) even if it was there.
+install_keys() {
+  local dest="${CONF_DIR}/api-keys"
+  install_conf "${HERE}/api-keys" "${dest}" 0600
+  run chmod 0600 "${dest}"
+  if (( EUID == 0 )); then
+    run chown 0:0 "${dest}"
   fi
 }
 
@@ -90,6 +102,7 @@ main() {
   make_venv
   install_conf "${HERE}/tune.conf" "${CONF_DIR}/tune.conf"
   install_conf "${HERE}/deskchat.env" "${CONF_DIR}/deskchat.env"
+  install_keys
   install_units
   echo "installed in ${PREFIX}; start now with: systemctl start deskchat-tune deskchat"
 }

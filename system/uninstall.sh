@@ -16,7 +16,7 @@ source "${HERE}/install-lib.sh"
 # Remove unedited config files; keep edited ones unless --purge-config.
 remove_conf() {
   local name dest
-  for name in tune.conf deskchat.env; do
+  for name in tune.conf deskchat.env api-keys; do
     dest="${CONF_DIR}/${name}"
     run rm -f "${dest}.dist"
     [[ -e "${dest}" ]] || continue

@@ -1,8 +1,9 @@
-"""system/install.sh and uninstall.sh, run for real on a fake root (DESKCHAT_SYSROOT)."""
+"""The system/ scripts (install.sh, uninstall.sh, keys-sync.sh) run for real on a fake root."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,18 @@ from tests.systree import SYSTEM, THP, fake_checkout, make_tree, run, snapshot, 
 PREFIX = "/srv/deskchat"
 SKIP_PIP = {"DESKCHAT_INSTALL_SKIP_PIP": "1"}
 UNITS = ("deskchat.service", "deskchat-tune.service")
+KEYS = "etc/deskchat/api-keys"
+KEY = "k3y-of-at-least-16-characters"
+# Where the unit tells the server to read its keys: the copy keys-sync.sh makes.
+KEYS_COPY = Path(
+    next(
+        line.split("=", 2)[2]
+        for line in (SYSTEM / "deskchat.service").read_text().splitlines()
+        if line.startswith("Environment=DESKCHAT_API_KEYS_FILE=")
+    ).lstrip("/")
+)
+# The owner systemd gives the run dir: a DynamicUser= uid (61184-65519) when we can chown.
+SERVICE_IDS = (61234, 61234) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
 
 
 @pytest.fixture
@@ -27,6 +40,13 @@ def root(tmp_path: Path) -> Path:
     for d in ("etc/systemd/system", "var/cache/private", "var/lib", "srv"):
         (root / d).mkdir(parents=True)
     return root
+
+
+def assert_keys_file(root: Path) -> None:
+    """The installed key file: root's alone (the installer's user in a test), 0600."""
+    info = (root / KEYS).stat()
+    assert oct(info.st_mode & 0o777) == oct(0o600)
+    assert (info.st_uid, info.st_gid) == (os.geteuid(), os.getegid())
 
 
 def install(src: Path, root: Path | None, *args: str, **kw):
@@ -47,10 +67,13 @@ def test_install_uninstall_round_trip(src: Path, root: Path) -> None:
     assert not (app / "inference/__pycache__").exists()
     assert os.access(app / "system/tune.sh", os.X_OK)
     assert os.access(root / PREFIX.lstrip("/") / "venv/bin/python", os.X_OK)
-    for name in ("tune.conf", "deskchat.env"):
+    for name in ("tune.conf", "deskchat.env", "api-keys"):
         assert (root / "etc/deskchat" / name).read_bytes() == (SYSTEM / name).read_bytes()
+    assert_keys_file(root)
+    assert "#   systemctl reload deskchat\n" in (root / KEYS).read_text()
     service = (root / "etc/systemd/system/deskchat.service").read_text()
     assert f"ExecStart={PREFIX}/venv/bin/python {PREFIX}/app/server.py" in service
+    assert f"ExecReload=+{PREFIX}/app/system/keys-sync.sh\n" in service
     tune_unit = (root / "etc/systemd/system/deskchat-tune.service").read_text()
     assert f"ExecStop={PREFIX}/app/system/tune.sh revert" in tune_unit
     assert "/opt/deskchat" not in service + tune_unit
@@ -124,7 +147,110 @@ def test_missing_app_is_an_error(src: Path, root: Path) -> None:
     assert "server.py" in result.stderr
 
 
-@pytest.mark.parametrize("script", ["install.sh", "uninstall.sh"])
+def test_reinstall_keeps_edited_keys_root_only(src: Path, root: Path) -> None:
+    assert install(src, root, env=SKIP_PIP).returncode == 0
+    keys = root / KEYS
+    keys.write_text(keys.read_text() + f"alice:{KEY}\n")
+    keys.chmod(0o644)  # loosened, e.g. by a copy from elsewhere
+    edited = keys.read_bytes()
+    again = install(src, root, env=SKIP_PIP)
+    assert again.returncode == 0, again.stderr
+    assert keys.read_bytes() == edited
+    assert_keys_file(root)
+    dist = root / f"{KEYS}.dist"
+    assert dist.read_bytes() == (SYSTEM / "api-keys").read_bytes()
+    assert oct(dist.stat().st_mode & 0o777) == oct(0o600)
+
+    gone = uninstall(src, root)
+    assert gone.returncode == 0, gone.stderr
+    assert f"kept {keys}" in gone.stdout
+    assert sorted(p.name for p in (root / "etc/deskchat").iterdir()) == ["api-keys"]
+    assert keys.read_bytes() == edited
+    assert uninstall(src, root, "--purge-config").returncode == 0
+    assert not (root / "etc/deskchat").exists()
+
+
+@pytest.fixture
+def installed(src: Path, root: Path) -> Path:
+    done = install(src, root, env=SKIP_PIP)
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def make_run_dir(root: Path) -> Path:
+    """The service's RuntimeDirectory= as systemd makes it for DynamicUser=: 0700, its uid."""
+    run_dir = root / KEYS_COPY.parent
+    run_dir.mkdir(mode=0o700)
+    os.chown(run_dir, *SERVICE_IDS)
+    return run_dir
+
+
+def sync(root: Path) -> subprocess.CompletedProcess[str]:
+    """The installed keys-sync.sh, as deskchat.service's ExecStartPre=+ / ExecReload=+ run it."""
+    return run([root / "opt/deskchat/app/system/keys-sync.sh"], root)
+
+
+def test_sync_copies_keys_for_the_service_user(installed: Path) -> None:
+    keys = installed / KEYS
+    keys.write_text(keys.read_text() + f"alice:{KEY}\n")
+    make_run_dir(installed)
+    in_run = sorted((installed / "run").iterdir())
+    done = sync(installed)
+    assert done.returncode == 0, done.stderr
+    copy = installed / KEYS_COPY
+    assert copy.read_bytes() == keys.read_bytes()
+    info = copy.stat()
+    assert oct(info.st_mode & 0o777) == oct(0o400)
+    assert (info.st_uid, info.st_gid) == SERVICE_IDS
+    assert sorted((installed / "run").iterdir()) == in_run  # no temp file left behind
+
+    # An edit reaches the copy at the next sync (systemctl reload), as a new file.
+    keys.write_text(keys.read_text() + f"bob:{KEY[::-1]}\n")
+    old_inode = info.st_ino
+    assert sync(installed).returncode == 0
+    assert copy.read_bytes() == keys.read_bytes()
+    assert copy.stat().st_ino != old_inode
+
+
+def test_sync_never_writes_through_a_link_in_the_run_dir(installed: Path) -> None:
+    """The service's user owns its run dir: a link it puts there must not aim root's writes."""
+    victim = installed / "etc/victim"
+    victim.write_text("root's\n")
+    victim.chmod(0o644)
+    (make_run_dir(installed) / "api-keys").symlink_to(victim)
+    done = sync(installed)
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "root's\n"
+    assert (victim.stat().st_mode & 0o777, victim.stat().st_uid) == (0o644, os.geteuid())
+    copy = installed / KEYS_COPY
+    assert not copy.is_symlink() and copy.read_bytes() == (installed / KEYS).read_bytes()
+
+
+@pytest.mark.parametrize("missing", ["keys file", "run dir"])
+def test_sync_without_keys_or_run_dir_copies_nothing(installed: Path, missing: str) -> None:
+    if missing == "keys file":
+        (installed / KEYS).unlink()
+        make_run_dir(installed)
+        why = f"no {installed / KEYS}"
+    else:
+        why = "RuntimeDirectory="
+    before = snapshot(installed)
+    result = sync(installed)
+    assert result.returncode == 1
+    assert why in result.stderr
+    assert snapshot(installed) == before
+
+
+def test_sync_warns_about_a_loose_key_file(installed: Path) -> None:
+    (installed / KEYS).chmod(0o644)
+    make_run_dir(installed)
+    result = sync(installed)
+    assert result.returncode == 0, result.stderr
+    assert f"chmod 0600 {installed / KEYS}" in result.stderr
+    assert oct((installed / KEYS_COPY).stat().st_mode & 0o777) == oct(0o400)
+
+
+@pytest.mark.parametrize("script", ["install.sh", "uninstall.sh", "keys-sync.sh"])
 def test_refuses_without_root_and_sysroot(script: str) -> None:
     result = run([SYSTEM / script], None, env=SKIP_PIP, prefix=unprivileged())
     assert result.returncode == 2
