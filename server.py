@@ -17,6 +17,7 @@ import time
 
 from inference.config import Config, ConfigError, load_config
 from inference.embedded import EmbeddedMissing
+from inference.grammar import SchemaCompiler
 from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
 from inference.worker import Worker
@@ -142,6 +143,7 @@ def serve(config: Config) -> int:
         return abandon(1, exc)
 
     runtime.prompts, runtime.model_name = prompts, engine.name
+    runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
     runtime.worker = worker  # last: from here on /chat and /health serve
     status(f"ready: serving {engine.name}")
     notifier.send("READY=1")

@@ -44,6 +44,7 @@ class Engine:
         prefix_cache: bool = False,
     ):
         self.model = model
+        self.vocab_size = model.config.vocab_size  # the width of the logits
         self.tokenizer = tokenizer
         self.name = name
         self.context_tokens = context_tokens
@@ -110,6 +111,7 @@ class Engine:
         budget = min(sampling.max_tokens, self.context_tokens - len(prompt_ids))
         text = TextAssembler(self.tokenizer, sampling.stop)
         generator = _generator(sampling.seed)
+        constraint = sampling.grammar.constraint() if sampling.grammar else None
         cache, reused = self._start_cache(prompt_ids)
         self.reused_tokens = reused
         produced = 0
@@ -129,7 +131,12 @@ class Engine:
                 logits = self.model(
                     input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
                 ).logits
-            token = _pick(logits[0, -1], sampling, generator)
+            scores = logits[0, -1]
+            if constraint is not None:
+                constraint.mask_(scores)
+            token = _pick(scores, sampling, generator)
+            if constraint is not None:
+                constraint.take(token)
             if produced == 0:
                 ttft = time.monotonic() - start
             produced += 1
@@ -139,7 +146,7 @@ class Engine:
             piece = text.add(token)
             if piece:
                 emit(piece)
-            if text.stopped:
+            if text.stopped or (constraint is not None and constraint.finished):
                 finish = "stop"
                 break
         if self.prefix_cache and produced > 0:

@@ -9,8 +9,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference.errors import ServiceError
+
+if TYPE_CHECKING:
+    from inference.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class Sampling:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None  # same seed, same request: same text
+    grammar: Grammar | None = None  # constrains the answer to a JSON schema
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ class PromptBuilder:
             )
         return list(encoded["input_ids"])
 
+    def with_tokenizer(self, use):
+        """`use(tokenizer)`, under the lock that keeps handler threads off each other."""
+        with self._lock:
+            return use(self._tokenizer)
+
     def check_fits(self, prompt_tokens: int) -> None:
         """413 when the prompt leaves no room for even one answer token."""
         limit = self.context_tokens - 1

@@ -1,7 +1,8 @@
 """The /chat dialect: deskchat's own body and answer shapes, over the shared relay.
 
 Body: `message` or `messages`, and optionally `system`, `max_tokens`, `temperature`, `top_p`,
-`stream`, `stop`, `seed`. Errors: {"error": {"message", "type", "code": <status>}}.
+`stream`, `stop`, `seed`, `format` ("json" or a JSON schema, as in Ollama).
+Errors: {"error": {"message", "type", "code": <status>}}.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from web.validation import ROLES, ChatRequest
 
 FIELDS = {
     *("message", "messages", "system", "max_tokens", "temperature", "top_p"),
-    *("stream", "stop", "seed"),
+    *("stream", "stop", "seed", "format"),
 }
 
 
@@ -50,6 +51,15 @@ def _messages(body: dict) -> list[dict]:
     return validation.check_turns(out)
 
 
+def _format(value) -> validation.JsonSchema | None:
+    """`format`: "json" for any JSON object, or a JSON schema the answer must follow."""
+    if value is None:
+        return None
+    if value == "json":
+        return validation.JsonSchema(validation.ANY_OBJECT, "format")
+    return validation.json_schema(value, "format")
+
+
 def parse_chat_request(body) -> ChatRequest:
     """The whole /chat body, checked; raises InvalidRequest naming the first problem."""
     body = validation.known_fields(body, FIELDS)
@@ -63,6 +73,7 @@ def parse_chat_request(body) -> ChatRequest:
         stream=validation.flag(body, "stream"),
         stop=validation.stop(body),
         seed=validation.seed(body.get("seed")),
+        json=_format(body.get("format")),
     )
 
 

@@ -29,7 +29,6 @@ NO_OPS: dict[str, tuple] = {
     "parallel_tool_calls": (None, True, False),  # no tools: nothing to call in parallel
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "store": (None, False),
     "metadata": (None, {}),
@@ -40,7 +39,7 @@ NO_OPS: dict[str, tuple] = {
 MESSAGE_NO_OPS: dict[str, tuple] = {"name": (None,), "tool_calls": (None, []), "refusal": (None,)}
 IMPLEMENTED = {
     *("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p"),
-    *("stop", "stream", "stream_options", "seed"),
+    *("stop", "stream", "stream_options", "seed", "response_format"),
 }
 
 
@@ -137,6 +136,36 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return validation.flag(options, "include_usage")
 
 
+def _response_format(value) -> validation.JsonSchema | None:
+    """`text` (or nothing), `json_object`, or `json_schema` with its `schema`."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text" and set(value) == {"type"}:
+        return None
+    if kind == "json_object" and set(value) == {"type"}:
+        return validation.JsonSchema(validation.ANY_OBJECT, "response_format")
+    if kind == "json_schema" and set(value) == {"type", "json_schema"}:
+        spec = value["json_schema"]
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise InvalidRequest(
+                "'response_format.json_schema' must be an object with a 'schema'",
+                param="response_format",
+            )
+        if set(spec) - {"name", "schema", "strict", "description"}:
+            raise InvalidRequest(
+                "'response_format.json_schema' may hold 'name', 'schema', 'strict' and "
+                "'description' only",
+                param="response_format",
+            )
+        return validation.json_schema(spec["schema"], "response_format")
+    raise InvalidRequest(
+        '\'response_format\' must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "json_schema": {"name", "schema"}}',
+        param="response_format",
+    )
+
+
 def _model(body: dict) -> None:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
@@ -164,5 +193,6 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
         stream=stream,
         stop=validation.stop(body),
         seed=validation.seed(body.get("seed")),
+        json=_response_format(body.get("response_format")),
     )
     return chat_request, include_usage

@@ -18,7 +18,7 @@ from typing import Protocol
 from flask import Response
 
 from inference.config import Config
-from inference.errors import Cancelled, Loading, ServiceError, Timeout
+from inference.errors import Cancelled, InvalidRequest, Loading, ServiceError, Timeout
 from inference.jobs import Delta, Done, Event, Failed, Job, Sampling
 from web.errors import status_of
 from web.request_log import RequestLog
@@ -37,6 +37,13 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     if not runtime.ready:
         raise Loading()
     runtime.worker.check_room()
+    grammar = None
+    if chat_request.json is not None:
+        if runtime.grammars is None:
+            raise InvalidRequest(
+                "this server cannot constrain answers", param=chat_request.json.param
+            )
+        grammar = runtime.grammars.compile(chat_request.json.schema, chat_request.json.param)
     prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system)
     runtime.prompts.check_fits(len(prompt_ids))
     wanted = chat_request.max_tokens or config.max_tokens_default
@@ -46,6 +53,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         top_p=chat_request.top_p,
         stop=chat_request.stop,
         seed=chat_request.seed,
+        grammar=grammar,
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from inference.grammar import SchemaCompiler
 from inference.prompt import PromptBuilder
 from inference.worker import Worker
 from web.keys import KeyRing
@@ -16,6 +17,7 @@ class Runtime:
     prompts: PromptBuilder | None = None
     model_name: str | None = None
     status: str = "starting"
+    grammars: SchemaCompiler | None = None  # JSON schemas -> token masks
     keys: KeyRing = field(default_factory=KeyRing)
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
 

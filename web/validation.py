@@ -22,6 +22,23 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch's generator takes
 
 
 @dataclass(frozen=True)
+class JsonSchema:
+    """An answer constrained to JSON: the schema, and the request field it came in."""
+
+    schema: dict
+    param: str
+
+
+ANY_OBJECT = {"type": "object"}
+
+
+def json_schema(value, param: str) -> JsonSchema:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"'{param}' must hold a JSON schema (an object)", param=param)
+    return JsonSchema(value, param)
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     """One chat request in any dialect, checked; the one input of `relay.submit()`."""
 
@@ -33,6 +50,7 @@ class ChatRequest:
     stream: bool = False
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    json: JsonSchema | None = None  # None: free text
 
 
 def is_int(value) -> bool:

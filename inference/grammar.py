@@ -1,0 +1,117 @@
+"""Constrained decoding: JSON schemas compiled into token masks (llguidance).
+
+`SchemaCompiler` runs on the request side: it turns a schema into a `Grammar` (cached by
+schema) or raises InvalidRequest saying what is wrong, before any job is queued. The engine
+asks a Grammar for a fresh `Constraint` per run, which masks each step's logits to the
+tokens that can continue valid output and follows the tokens picked.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from inference.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import torch
+
+CACHED_SCHEMAS = 64
+MAX_GRAMMAR_ERROR_CHARS = 300
+
+
+class Constraint:
+    """One run's grammar state: the mask for the next token, and the tokens taken so far."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+
+    def mask_(self, logits: torch.Tensor) -> torch.Tensor:
+        """Set every token the grammar does not allow next to -inf, in place; InvalidRequest
+        when it allows none (a schema no value can satisfy, e.g. minimum above maximum)."""
+        import numpy as np  # here, so the web side can import this module without torch
+        import torch
+
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
+        if self._matcher.is_error() or not allowed.any():
+            raise InvalidRequest("the JSON schema allows no further output: no value satisfies it")
+        return logits.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
+
+    def take(self, token: int) -> None:
+        self._matcher.consume_token(token)
+
+    @property
+    def finished(self) -> bool:
+        """The output is complete: nothing but end-of-text may follow."""
+        return self._matcher.is_stopped()
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled schema; each run gets its own copy of the pristine matcher."""
+
+    _template: object
+    vocab_size: int
+
+    def constraint(self) -> Constraint:
+        return Constraint(self._template.deep_copy(), self.vocab_size)
+
+
+class SchemaCompiler:
+    """Compiles JSON schemas for one tokenizer; thread-safe, results cached by schema."""
+
+    def __init__(self, with_tokenizer, vocab_size: int):
+        self._with_tokenizer = with_tokenizer  # runs a function on the HF tokenizer, safely
+        self.vocab_size = vocab_size
+        self._ll_tokenizer = None  # built on first use: about a second for a large vocabulary
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _tokenizer(self):
+        import llguidance.hf
+
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = self._with_tokenizer(
+                lambda hf: llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size)
+            )
+        return self._ll_tokenizer
+
+    def compile(self, schema: dict, param: str) -> Grammar:
+        """The grammar for `schema`; InvalidRequest (naming `param`) if it cannot be used."""
+        import llguidance
+
+        key = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            tokenizer = self._tokenizer()
+            try:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    key, defaults={"whitespace_flexible": False}
+                )
+            except ValueError as exc:
+                raise _refusal(param, str(exc)) from None
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar, tokenizer
+            )
+            if failed:
+                raise _refusal(param, messages[0])
+            template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+            if template.is_error():
+                raise _refusal(param, template.get_error())
+            compiled = Grammar(template, self.vocab_size)
+            self._cache[key] = compiled
+            if len(self._cache) > CACHED_SCHEMAS:
+                self._cache.popitem(last=False)
+            return compiled
+
+
+def _refusal(param: str, reason: str) -> InvalidRequest:
+    reason = " ".join(reason.split())[:MAX_GRAMMAR_ERROR_CHARS]
+    return InvalidRequest(f"the JSON schema in '{param}' cannot be used: {reason}", param=param)
