@@ -25,6 +25,7 @@ from inference.errors import (
 from inference.jobs import Job, Sampling, new_request_id
 from inference.prompt import PromptBuilder
 from inference.worker import Worker
+from web.proxy import client_address, parse_networks, request_id_from
 from web.replies import answer, log_request, relay, stream
 from web.validation import ChatRequest, parse_json, validate_chat_request
 
@@ -51,9 +52,13 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     app = Flask("deskchat")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
 
+    trusted_proxies = parse_networks(config.trusted_proxies)
+
     @app.before_request
     def _start():
-        g.request_id = new_request_id()
+        g.request_id = request_id_from(request.headers) or new_request_id()
+        forwarded_for = request.headers.get("X-Forwarded-For")
+        g.client = client_address(request.remote_addr, forwarded_for, trusted_proxies)
 
     @app.after_request
     def _tag(response: Response) -> Response:
