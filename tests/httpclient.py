@@ -47,14 +47,14 @@ def chat(base: str, body: dict, timeout: float = 120) -> Reply:
 class Stream:
     """An open SSE response: iterate events as (event_name, data_dict); close() hangs up."""
 
-    def __init__(self, base: str, body: dict, timeout: float = 120):
+    def __init__(self, base: str, body: dict, timeout: float = 120, headers: dict | None = None):
         url = urllib.parse.urlsplit(base)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
         self.conn.request(
             "POST",
             "/chat",
             body=json.dumps({**body, "stream": True}),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         self.response = self.conn.getresponse()
         self.status = self.response.status
