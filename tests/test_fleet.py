@@ -7,18 +7,20 @@ matters), nginx in front as an ordinary process with its config in a temp dir.
 from __future__ import annotations
 
 import http.client
+import logging
 import socket
 import subprocess
 import threading
 import time
 
+import flask
 import pytest
 
 from tests.fake_backend import BackendProcess
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
 from tests.nginx import FLEET_CONF, Nginx, fleet_conf, nginx_binary
-from tests.test_http import assert_error, raw_post
+from tests.test_http import raw_post
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def full(server) -> bool:
     return server.worker.busy and server.worker.depth == server.worker.capacity
 
 
-def fill(server, count: int = 2) -> list[socket.socket]:
+def fill(server) -> list[socket.socket]:
     """Long requests straight to the server, around nginx, until its queue is full."""
     socks = [raw_post(server.url, {"message": "hold", "max_tokens": 100_000})]
     assert wait_until(lambda: server.worker.busy, 5)
@@ -86,7 +88,8 @@ def access_entry(proxy: Nginx, request_id: str) -> dict:
     raise AssertionError(f"no access log line for {request_id}: {proxy.access_lines()}")
 
 
-def test_thirty_requests_spread_over_three_pcs(fleet):
+def test_thirty_requests_spread_over_three_pcs(fleet, caplog):
+    caplog.set_level(logging.INFO, logger="deskchat.http")
     servers, proxy = fleet(token_s=0.02)
     replies = []
 
@@ -103,10 +106,11 @@ def test_thirty_requests_spread_over_three_pcs(fleet):
     assert all(r.json()["response"] == "w1 w2 w3 w4 w5 " for r in replies)
     served = [len(s.engine.ran) for s in servers]
     assert sum(served) == 30 and min(served) >= 5, served
-    # One id per request, from nginx's log to the answer; nginx made them (32 hex digits).
+    # One id per request, in nginx's log, the PC's log and the answer (nginx made them).
     ids = {r.headers["x-request-id"] for r in replies}
     assert len(ids) == 30 and all(r.json()["id"] == r.headers["x-request-id"] for r in replies)
     assert all(len(i) == 32 and access_entry(proxy, i)["status"] == 200 for i in ids)
+    assert all(f"request {i} status=200" in caplog.text for i in ids)
 
 
 def echo_route(server) -> dict:
@@ -114,9 +118,8 @@ def echo_route(server) -> dict:
     seen: dict = {}
 
     def who():
-        from flask import g, request
-
-        seen.update(client=g.client, id=g.request_id, key=request.headers.get("Authorization"))
+        key = flask.request.headers.get("Authorization")
+        seen.update(client=flask.g.client, id=flask.g.request_id, key=key)
         return {}
 
     server.app.add_url_rule("/who", "who", who)
@@ -188,8 +191,10 @@ def test_no_503_reaches_the_client_until_every_pc_is_full(fleet):
         started = time.monotonic()
         reply = chat(proxy.url, {"message": "one too many"})
         assert time.monotonic() - started < 2
-        error = assert_error(reply, 503, reply.json()["error"]["type"])
-        assert error["type"] in ("overloaded", "unavailable")
+        # deskchat's own 503, or nginx's once every PC is left out: the same JSON shape.
+        assert reply.status == 503 and reply.headers["content-type"] == "application/json"
+        error = reply.json()["error"]
+        assert error["code"] == 503 and error["type"] in ("overloaded", "unavailable")
         assert int(reply.headers["retry-after"]) >= 1
         assert reply.headers["x-request-id"]
     close_all(held)
@@ -227,9 +232,11 @@ def test_a_switched_off_pc_costs_one_connect_timeout(fake_server, start_nginx):
         took.append(time.monotonic() - started)
         assert reply.status == 200, reply.body
     assert sum(len(s.engine.ran) for s in servers) == 6
-    # At most one request met the silent PC (1 s connect timeout); it was left out after.
-    assert sum(t > 0.9 for t in took) <= 1 and sorted(took)[-2] < 0.5, took
-    assert sum(off in line for line in proxy.access_lines()) <= 1, proxy.access_lines()
+    # One request met the silent PC and waited out the 1 s connect timeout; nginx left
+    # that PC out afterwards.
+    slow = sorted(took)
+    assert 0.9 < slow[-1] < 2.5 and slow[-2] < 0.5, took
+    assert sum(off in line for line in proxy.access_lines()) == 1, proxy.access_lines()
     parked.close()
     silent.close()
 
