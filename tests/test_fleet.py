@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import flask
 import pytest
@@ -20,7 +21,7 @@ from tests.fake_backend import BackendProcess
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
 from tests.nginx import FLEET_CONF, Nginx, fleet_conf, nginx_binary
-from tests.test_http import raw_post
+from tests.test_http import leave_a_plain_request, leave_a_stream, raw_post
 
 
 @pytest.fixture
@@ -334,25 +335,10 @@ def test_a_stream_arrives_token_by_token(fleet):
     assert arrivals[0][0] < 0.5 and arrivals[-1][0] - arrivals[0][0] > 0.6, arrivals
 
 
-def leave_a_stream(proxy, server) -> None:
-    s = Stream(proxy.url, {"message": "long", "max_tokens": 100_000})
-    events = s.events()
-    for _ in range(3):
-        next(events)
-    s.close()
-
-
-def leave_a_plain_request(proxy, server) -> None:
-    sock = raw_post(proxy.url, {"message": "long", "max_tokens": 100_000})
-    assert server.engine.started.wait(5)
-    time.sleep(0.2)
-    sock.close()
-
-
 @pytest.mark.parametrize("leave", [leave_a_stream, leave_a_plain_request])
 def test_a_client_leaving_through_nginx_cancels_its_job(fleet, leave):
     servers, proxy = fleet(token_s=0.02, pcs=1)
-    leave(proxy, servers[0])
+    leave(SimpleNamespace(url=proxy.url, engine=servers[0].engine))  # leaves nginx, not the PC
     assert wait_until(lambda: not servers[0].worker.busy, 2)  # uncancelled: 20 s
     assert servers[0].engine.tokens_made[-1] < 80
 
