@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import flask
 import pytest
 
+from tests.conftest import free_port
 from tests.fake_backend import BackendProcess
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
@@ -398,3 +399,13 @@ def test_nginx_logs_no_prompt(fleet):
     assert reply.status == 200
     assert access_entry(proxy, reply.json()["id"])["status"] == 200
     assert "private" not in "\n".join(proxy.access_lines())
+
+
+def test_no_pc_reachable_is_one_json_503(start_nginx):
+    proxy = start_nginx([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])  # all off
+    started = time.monotonic()
+    reply = request(proxy.url, "POST", "/chat", {"message": "hi"}, headers={"X-Request-Id": "n-1"})
+    assert time.monotonic() - started < 2
+    assert reply.status == 503 and reply.headers["content-type"] == "application/json"
+    assert reply.json()["error"]["type"] == "unavailable" and reply.json()["error"]["code"] == 503
+    assert reply.headers["retry-after"] == "10" and reply.headers["x-request-id"] == "n-1"
