@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ def physical_cores() -> int:
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "deskchat"
+
+
+def _networks(text: str) -> None:
+    """Raise ValueError unless `text` is a comma-separated list of addresses or CIDRs."""
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        ipaddress.ip_network(item, strict=False)
 
 
 def _setting(default, help: str, minimum: float | None = None, **extra):
@@ -85,6 +92,12 @@ class Config:
         4096, "Prompt plus answer limit in tokens (also bounded by the model's own).", 16
     )
     max_body_bytes: int = _setting(65536, "Largest accepted request body in bytes.", 256)
+    trusted_proxies: str = _setting(
+        "",
+        "Comma-separated addresses or CIDRs of reverse proxies (nginx) whose X-Forwarded-For "
+        "names the client in the log; empty trusts none.",
+        check=_networks,
+    )
     http_threads: int = _setting(
         0, "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.", 0
     )
@@ -142,6 +155,8 @@ def _convert(f: dataclasses.Field, text: str):
     minimum = f.metadata.get("min")
     if minimum is not None and value < minimum:
         raise ValueError(f"must be at least {minimum}, got {value}")
+    if "check" in f.metadata:
+        f.metadata["check"](value)
     return value
 
 

@@ -50,7 +50,8 @@ class InProcessServer:
             self.runtime.prompts = FakePrompts()
             self.runtime.model_name = engine.name
             self.runtime.worker = self.worker
-        self.server = make_http_server(self.config, create_app(self.config, self.runtime))
+        self.app = create_app(self.config, self.runtime)
+        self.server = make_http_server(self.config, self.app)
         start_http_thread(self.server)
         self.url = f"http://127.0.0.1:{self.config.port}"
 

@@ -27,6 +27,7 @@ from inference.jobs import new_request_id
 from web import chat_api, openai_api
 from web.auth import Gate
 from web.errors import headers_of, status_of
+from web.proxy import client_address, parse_networks, request_id_from
 from web.request_log import RequestLog
 from web.runtime import Runtime
 
@@ -51,11 +52,14 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     gate = Gate(runtime.keys)
 
+    trusted_proxies = parse_networks(config.trusted_proxies)
+
     @app.before_request
     def _start():
-        g.request_id = new_request_id()
-        g.client = request.remote_addr or "-"
-        g.log = RequestLog(g.request_id, request.path[:MAX_PATH_IN_ERROR])
+        g.request_id = request_id_from(request.headers) or new_request_id()
+        forwarded_for = request.headers.get("X-Forwarded-For")
+        g.client = client_address(request.remote_addr, forwarded_for, trusted_proxies)
+        g.log = RequestLog(g.request_id, request.path[:MAX_PATH_IN_ERROR], g.client)
         g.disconnected = request.environ.get("waitress.client_disconnected", lambda: False)
         g.log.key_name = gate.admit(request.method, request.path, request.headers, g.client)
 

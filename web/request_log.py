@@ -18,6 +18,7 @@ log = logging.getLogger("deskchat.http")
 class RequestLog:
     request_id: str
     route: str
+    client: str = "-"  # the address, or the one a trusted proxy forwarded
     key_name: str | None = None
     _written: bool = False
 
@@ -27,7 +28,10 @@ class RequestLog:
             return
         self._written = True
         who = f" key={self.key_name}" if self.key_name else ""
-        head = f"request {self.request_id} route={self.route}{who} status={status}"
+        head = (
+            f"request {self.request_id} route={self.route} client={self.client}{who} "
+            f"status={status}"
+        )
         if done is None:
             log.info("%s%s", head, f" error={error.type}" if error else "")
             return

@@ -50,6 +50,9 @@ def make_http_server(config: Config, app):
         # app's keeps the app's own 413 the usual one while memory stays bounded.
         max_request_body_size=max(1 << 20, 16 * config.max_body_bytes),
         ident="deskchat",
+        # waitress would drop X-Forwarded-For from every peer; the app believes it only from
+        # the proxies in --trusted-proxies (web/proxy.py).
+        clear_untrusted_proxy_headers=False,
     )
     server.channel_class = JsonErrorChannel
     return server
