@@ -143,6 +143,34 @@ def test_cancelled_while_queued_never_runs(worker_for):
     assert ids("gone") not in engine.ran
 
 
+def test_dead_waiting_jobs_free_their_slots_at_once(worker_for):
+    """A queued job whose client left or whose deadline passed ends and leaves the FIFO at
+    once, while the running job still runs: its slot goes to the next live job."""
+    engine = FakeEngine(token_s=0.02)
+    worker = worker_for(engine, max_queue=3)
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=10_000), timeout_s=30))
+    assert engine.started.wait(5)
+    first = worker.submit(Job(ids("first"), Sampling(max_tokens=1), timeout_s=30))
+    gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=1), timeout_s=30))
+    late = worker.submit(Job(ids("late"), Sampling(max_tokens=1), timeout_s=0.2))
+    with pytest.raises(Overloaded):
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    gone.cancel()
+    time.sleep(0.3)  # late's deadline passes
+    assert worker.depth == 1  # only `first` still waits for its turn
+    assert isinstance(terminal_events(gone, timeout=1)[1].error, Cancelled)
+    assert isinstance(terminal_events(late, timeout=1)[1].error, Timeout)
+    second = worker.submit(Job(ids("second"), Sampling(max_tokens=1), timeout_s=30))
+    third = worker.submit(Job(ids("third"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded):  # three live jobs wait: the bound still holds
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert worker.busy and not running.events.empty()  # all of that while `run` ran
+    running.cancel()
+    for job in (first, second, third):
+        assert isinstance(terminal_events(job)[1], Done)
+    assert engine.ran == [ids("run"), ids("first"), ids("second"), ids("third")]
+
+
 def test_engine_failure_reaches_its_job_and_the_worker_goes_on(worker_for):
     engine = FakeEngine(token_s=0.001, fail_on="boom")
     worker = worker_for(engine)
