@@ -11,7 +11,6 @@ Internal error; the thread goes on serving.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -31,6 +30,8 @@ from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 log = logging.getLogger("deskchat.worker")
 
 IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
+FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
+JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
 
 
 class EngineLike(Protocol):
@@ -53,7 +54,7 @@ class Worker:
         self._stopping = threading.Event()
         self._current: Job | None = None
         self._current_picked = 0.0  # when the running job was taken
-        self._job_seconds = 5.0  # running estimate of a job's time, for Retry-After
+        self._job_seconds: float | None = None  # average measured job time; None: none yet
         self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
@@ -117,8 +118,23 @@ class Worker:
         if len(self._waiting) >= self.capacity:
             raise Overloaded(
                 f"the queue is full ({self.capacity} waiting); retry later",
-                retry_after_s=max(1, math.ceil(self._job_seconds)),
+                retry_after_s=self._expected_start_s(0),
             )
+
+    def expected_start_s(self, position: int) -> float:
+        """Expected seconds until the job waiting at `position` (0: the head) starts: the
+        rest of the running job, then one average job per job ahead of it. For position 0
+        it is when a waiting slot frees."""
+        with self._lock:
+            return self._expected_start_s(position)
+
+    def _expected_start_s(self, position: int) -> float:  # with the lock held
+        per_job = FIRST_GUESS_S if self._job_seconds is None else self._job_seconds
+        rest = 0.0
+        if self._current is not None:
+            # A job running longer than the average is expected to end any moment.
+            rest = max(0.0, per_job - (time.monotonic() - self._current_picked))
+        return rest + position * per_job
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
         """Run one generation in the worker thread and wait for it (used for warm-up)."""
@@ -233,7 +249,7 @@ class Worker:
         if result.finish_reason == "interrupted":
             return Failed(self._interruption(job, result))
         gen_s = done_at - picked
-        self._job_seconds = 0.8 * self._job_seconds + 0.2 * gen_s
+        self._measured(gen_s)
         return Done(
             finish_reason=result.finish_reason,
             usage=Usage(len(job.prompt_ids), result.completion_tokens),
@@ -242,6 +258,14 @@ class Worker:
             total_ms=(done_at - job.created) * 1000,
             tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
         )
+
+    def _measured(self, job_s: float) -> None:
+        """Fold a finished job's time into the average; the first one replaces the guess."""
+        with self._lock:
+            if self._job_seconds is None:
+                self._job_seconds = job_s
+            else:
+                self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
 
     def _interruption(self, job: Job, result: Generation) -> ServiceError:
         if self._stopping.is_set():

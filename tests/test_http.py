@@ -219,7 +219,7 @@ def test_full_queue_is_503_with_retry_after_at_once(fake_server):
     reply = chat(server.url, {"message": "one too many"})
     assert time.monotonic() - started < 1.0
     assert_error(reply, 503, "overloaded")
-    assert int(reply.headers["retry-after"]) >= 1
+    assert float(reply.headers["retry-after"]) > 0
     server.worker.stop()
     for s in streams:
         s.close()

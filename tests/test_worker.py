@@ -32,6 +32,13 @@ def terminal_events(job: Job, timeout: float = 10) -> tuple[list, object]:
         return deltas, event
 
 
+def retry_after_s(error: Overloaded) -> float:
+    """The worker's estimate in seconds (the web side rounds and bounds it for the header)."""
+    if hasattr(error, "retry_after_s"):
+        return error.retry_after_s
+    return float(error.headers["Retry-After"])
+
+
 @pytest.fixture
 def worker_for():
     workers = []
@@ -94,10 +101,47 @@ def test_full_queue_refuses_at_once_with_retry_after(worker_for):
     with pytest.raises(Overloaded) as refused:
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
     assert time.monotonic() - started < 0.1
-    assert int(refused.value.headers["Retry-After"]) >= 1
+    assert retry_after_s(refused.value) > 0
     running.cancel()
     for job in waiting:
         assert isinstance(terminal_events(job)[1], Done)
+
+
+def test_retry_after_is_the_measured_rest_of_the_running_job(worker_for):
+    engine = FakeEngine(token_s=0.05)
+    worker = worker_for(engine, max_queue=2)
+    assert worker.expected_start_s(0) == 0  # idle: a slot is free now
+    done = worker.run_now(ids("warm-up"), Sampling(max_tokens=4))
+    measured = (done.total_ms - done.queued_ms) / 1000  # about 0.2 s: replaces the 5 s guess
+
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
+    assert wait_until(lambda: worker.busy, 5)
+    for i in range(2):
+        worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded) as refused:
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert 0 <= retry_after_s(refused.value) <= measured
+    time.sleep(measured / 2)  # the running job's elapsed time counts
+    assert worker.expected_start_s(0) <= measured / 2 + 0.01
+    # Each job ahead adds one average job time.
+    ahead = worker.expected_start_s(2) - worker.expected_start_s(0)
+    assert ahead == pytest.approx(2 * measured, abs=0.02)
+    running.cancel()
+
+
+def test_retry_after_starts_from_a_guess_until_a_job_is_measured(worker_for):
+    engine = FakeEngine(token_s=0.05)
+    worker = worker_for(engine, max_queue=1)
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
+    assert wait_until(lambda: worker.busy, 5)
+    waiting = worker.submit(Job(ids("q"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded) as refused:
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert 4 < retry_after_s(refused.value) <= 5
+    waiting.cancel()
+    running.cancel()  # interrupted jobs are not measured
+    assert wait_until(lambda: worker.depth == 0 and not worker.busy, 5)
+    assert worker.expected_start_s(1) == pytest.approx(5)
 
 
 def test_deadline_passed_in_queue_is_a_timeout_and_never_runs(worker_for):
