@@ -88,6 +88,21 @@ class Config:
     http_threads: int = _setting(
         0, "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.", 0
     )
+    connection_limit: int = _setting(
+        500,
+        "Open HTTP connections at most (idle ones included); more wait in the kernel's "
+        "backlog until one closes.",
+        1,
+    )
+    http_idle_timeout: int = _setting(
+        30, "Seconds an idle keep-alive HTTP connection stays open.", 1
+    )
+    http_read_timeout: int = _setting(
+        10,
+        "Seconds a client has to send a whole request once it began; an incomplete one is "
+        "answered 408.",
+        1,
+    )
     log_level: str = _setting("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
 
     @property
