@@ -21,7 +21,7 @@ from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
 from inference.worker import Worker
 from web.app import Runtime, create_app
-from web.transport import make_http_server, start_http_thread
+from web.transport import ListenError, make_http_server, start_http_thread
 
 log = logging.getLogger("deskchat")
 
@@ -66,6 +66,26 @@ class _Interrupted(Exception):
     """SIGTERM or SIGINT arrived before the service was ready."""
 
 
+# Start-up failures whose message already names the cause and what to do.
+STARTUP_ERRORS = (ListenError, ModelLoadError, EmbeddedMissing)
+
+
+def startup_failure(exc: BaseException, notifier: Notifier) -> int:
+    """One ERROR line for a start-up failure, no traceback (that only at DEBUG); exit 2."""
+    if isinstance(exc, STARTUP_ERRORS):
+        why = str(exc)
+    else:
+        detail = " ".join(str(exc).split())[:300]
+        why = (
+            f"unexpected {type(exc).__name__}: {detail} (run with --log-level DEBUG "
+            "for the details)"
+        )
+        log.debug("start-up failure", exc_info=exc)
+    log.error("cannot start: %s", why)
+    notifier.send(f"STATUS=failed: {why}")
+    return 2
+
+
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
@@ -79,7 +99,10 @@ def serve(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    server = make_http_server(config, create_app(config, runtime))
+    try:
+        server = make_http_server(config, create_app(config, runtime))
+    except ListenError as exc:
+        return startup_failure(exc, notifier)
     start_http_thread(server)
     log.info(
         "listening on http://%s:%d (%d HTTP threads)",
@@ -100,12 +123,9 @@ def serve(config: Config) -> int:
         engine, prompts = load_model(choice, config, status)
         return engine
 
-    def abandon(code: int, why: Exception | None) -> int:
+    def abandon() -> None:
         worker.stop()
         server.close()
-        if why is not None:
-            notifier.send(f"STATUS=failed: {why}")
-        return code
 
     try:
         choice = choose_model(config, status)
@@ -117,13 +137,11 @@ def serve(config: Config) -> int:
         )
     except _Interrupted:
         log.info("stopped before the model was ready")
-        return abandon(0, None)
-    except (ModelLoadError, EmbeddedMissing) as exc:
-        log.error("cannot start: %s", exc)
-        return abandon(2, exc)
+        abandon()
+        return 0
     except Exception as exc:
-        log.exception("cannot start: unexpected error while loading the model")
-        return abandon(1, exc)
+        abandon()
+        return startup_failure(exc, notifier)
 
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.worker = worker  # last: from here on /chat and /health serve

@@ -14,10 +14,13 @@ a byte at a time) is answered 408, not dropped in silence at the idle timeout.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import resource
 import threading
 import time
 
+from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, TransferEncodingNotImplemented
@@ -29,6 +32,12 @@ from inference.config import Config
 
 # waitress checks its timeouts this often (seconds; its own default is 30)
 MAINTENANCE_INTERVAL_S = 1
+# File descriptors the process needs besides one per connection: model files, logs, pipes.
+SPARE_FDS = 64
+
+
+class ListenError(RuntimeError):
+    """The HTTP port cannot be opened; the message says why and what to do."""
 
 
 class RequestTimeout(Error):
@@ -143,12 +152,57 @@ class DeskchatServer(TcpWSGIServer):
     def close(self):
         """Stop listening and close every open connection: that ends waitress' loop."""
         super().close()
-        for channel in list(self.active_channels.values()):
+        for channel in list(getattr(self, "active_channels", {}).values()):  # none if unbound
             channel.close()
 
 
 def make_http_server(config: Config, app):
-    """The waitress server for `app`; bound at once, served by start_http_thread()."""
+    """The waitress server for `app`; bound at once, served by start_http_thread().
+    Raises ListenError when the address cannot be listened on."""
+    _ensure_file_limit(config.connection_limit + SPARE_FDS)
+    try:
+        return _bind(config, app)
+    except OSError as exc:
+        raise ListenError(_bind_failure(config, exc)) from None
+    except ValueError as exc:  # waitress' own check of host and port
+        raise ListenError(f"cannot listen on {config.host}:{config.port}: {exc}") from None
+
+
+def _bind_failure(config: Config, exc: OSError) -> str:
+    where = f"{config.host}:{config.port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {config.port} on {config.host} is already in use by another program: "
+            "stop that program or choose another --port"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"not allowed to listen on {where}: ports below 1024 need root or "
+            "CAP_NET_BIND_SERVICE; choose a --port from 1024 up"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{config.host} is not an address of this PC, so nothing can listen on it: "
+            "use one of its own addresses, 127.0.0.1, or 0.0.0.0 for all of them (--host)"
+        )
+    return f"cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
+
+
+def _ensure_file_limit(needed: int) -> None:
+    """Raise the soft limit on open files to `needed` if the hard limit allows it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ListenError(
+            f"--connection-limit needs about {needed} open files but this process may open "
+            f"only {hard}: lower --connection-limit, or raise the limit (LimitNOFILE= in the "
+            "systemd unit, ulimit -n in a shell)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def _bind(config: Config, app):
     adj = Adjustments(
         host=config.host,
         port=config.port,
@@ -169,10 +223,17 @@ def make_http_server(config: Config, app):
     dispatcher.set_thread_count(adj.threads)
     socket_map: dict = {}
     servers = []
-    for sockinfo in adj.listen:  # a host name may stand for an IPv4 and an IPv6 address
-        server = DeskchatServer(app, socket_map, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo)
-        server.read_timeout = config.http_read_timeout
-        servers.append(server)
+    try:
+        for sockinfo in adj.listen:  # a host name may stand for an IPv4 and an IPv6 address
+            server = DeskchatServer(
+                app, socket_map, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo
+            )
+            server.read_timeout = config.http_read_timeout
+            servers.append(server)
+    except BaseException:
+        wasyncore.close_all(socket_map)  # what was opened before the failure
+        dispatcher.shutdown(timeout=1)
+        raise
     if len(servers) == 1:
         return servers[0]
     listening = [(s.effective_host, s.effective_port) for s in servers]
