@@ -60,6 +60,11 @@ class ModelUnavailable(Exception):
     """The requested ModelScope model is neither cached nor downloadable; str() says what to do."""
 
 
+class ModelNotFound(Exception):
+    """The hub answered that model_id@revision does not exist (not a ModelUnavailable: a
+    typo in the model id is the operator's to fix, not a reason to serve another model)."""
+
+
 def fetch_modelscope_model(
     model_id: str,
     revision: str,
@@ -119,6 +124,12 @@ def fetch_modelscope_model(
             )
         )
     except Exception as exc:
+        if _hub_said_not_found(exc):
+            raise ModelNotFound(
+                f"{site} has no model {model_id} at revision {revision} (or it is private); "
+                "check --model and --revision (ids look like Qwen/Qwen2.5-0.5B-Instruct), "
+                "or use --model PATH / --model embedded"
+            ) from exc
         raise ModelUnavailable(
             _one_line(
                 f"downloading model {model_id}@{revision} from {site} failed "
@@ -139,6 +150,24 @@ def fetch_modelscope_model(
         "downloaded %s@%s in %.1f s to %s", model_id, revision, time.monotonic() - started, folder
     )
     return folder
+
+
+def _hub_said_not_found(exc: BaseException) -> bool:
+    """Whether the hub answered 404 (modelscope_hub's NotExistError, or the requests
+    HTTPError that modelscope wraps it in) anywhere in the exception's chain."""
+    from modelscope_hub.errors import NotExistError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, NotExistError):
+            return True
+        response = getattr(current, "response", None)
+        if isinstance(current, requests.HTTPError) and getattr(response, "status_code", 0) == 404:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _cached_snapshot(model_id: str, revision: str, cache_dir: Path) -> Path | None:

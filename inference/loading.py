@@ -98,7 +98,7 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
         status("preparing the embedded model")
         return ModelChoice(_embedded(config.cache_dir), EMBEDDED_NAME)
 
-    from inference.download import ModelUnavailable, fetch_modelscope_model
+    from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 
     status(f"fetching {config.model}@{config.revision} from ModelScope")
     try:
@@ -110,6 +110,8 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
             timeout_s=config.download_timeout,
         )
         return ModelChoice(path, config.model)
+    except ModelNotFound as exc:  # a mistake to fix, not a reason to serve another model
+        raise ModelLoadError(str(exc)) from None
     except ModelUnavailable as exc:
         if config.strict_model:
             raise ModelLoadError(f"{exc} (strict model mode is on, so no fallback)") from None

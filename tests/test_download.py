@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.download import ModelUnavailable, fetch_modelscope_model
+from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 from tests.modelscope_standin import ModelScopeStandin
 
 MODEL_ID = "acme/tiny-chat"
@@ -187,13 +187,18 @@ def test_default_endpoint_honours_modelscope_endpoint_env(hub, tmp_path, monkeyp
     assert sorted(hub.file_requests()) == sorted(NEEDED)
 
 
-def test_unknown_model_is_unavailable_with_one_line_message(hub, tmp_path):
-    with pytest.raises(ModelUnavailable) as info:
-        fetch_modelscope_model("acme/no-such-model", REVISION, tmp_path, endpoint=hub.url)
+@pytest.mark.parametrize(
+    ("model_id", "revision"),
+    [("acme/no-such-model", REVISION), (MODEL_ID, "no-such-revision")],
+    ids=["unknown model", "unknown revision"],
+)
+def test_what_the_hub_does_not_have_is_not_found_in_one_line(hub, tmp_path, model_id, revision):
+    with pytest.raises(ModelNotFound) as info:
+        fetch_modelscope_model(model_id, revision, tmp_path, endpoint=hub.url)
 
     message = str(info.value)
     assert "\n" not in message
-    assert "acme/no-such-model" in message and "--model PATH" in message
+    assert model_id in message and revision in message and "--model" in message
 
 
 def test_closed_port_fails_fast_with_advice(tmp_path):

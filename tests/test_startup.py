@@ -136,6 +136,19 @@ def test_a_startup_misuse_is_one_line_and_exit_2(start_server, tmp_path, make_fl
     assert "Traceback" not in log
 
 
+def test_a_model_id_the_hub_does_not_know_is_an_error_not_a_fallback(start_server):
+    from tests.modelscope_standin import ModelScopeStandin
+
+    with ModelScopeStandin({"acme/tiny-chat": {"config.json": b"{}"}}) as hub:
+        server = start_server(
+            "--modelscope-endpoint", hub.url, "--model", "acme/no-such-chat", ready=False
+        )
+        assert server.proc.wait(60) == 2
+    errors = [line for line in server.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "acme/no-such-chat" in errors[0] and "--model" in errors[0]
+    assert " WARNING " not in server.log() and "Traceback" not in server.log()
+
+
 def test_too_few_file_descriptors_for_the_connection_limit_is_one_line(start_server):
     server = start_server(
         "--connection-limit", "5000", wrapper=["prlimit", "--nofile=1024:1024"], ready=False
