@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.config import EMBEDDED_MODEL, Config
-from inference.embedded import EMBEDDED_NAME, embedded_model_dir
+from inference.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
 
 log = logging.getLogger("deskchat.loading")
 
@@ -94,6 +94,7 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
             f"--cache-dir {config.cache_dir}: {problem}; choose another --cache-dir "
             "(DESKCHAT_CACHE_DIR) or move what is in the way"
         )
+    remove_abandoned_staging(config.cache_dir)
     if config.model == EMBEDDED_MODEL:
         status("preparing the embedded model")
         return ModelChoice(_embedded(config.cache_dir), EMBEDDED_NAME)
