@@ -5,13 +5,19 @@ A conversion writes into a staging folder beside the target and renames it when 
 holding a lock file in the cache meanwhile (one conversion at a time per cache). The lock
 dies with its process, even under kill -9, so a staging folder found while nobody holds the
 lock was left by an interrupted conversion and is removed at start.
+
+The completion mark records each converted file's size, mtime and SHA-256. A start checks
+sizes (and the hash of any file whose mtime moved) and converts again when they no longer
+match: truncated weights under a valid mark are rebuilt, not loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
+import json
 import logging
 import shutil
 import tempfile
@@ -49,25 +55,109 @@ def embedded_model_dir(cache_dir: Path) -> Path:
     """The converted folder, converting the GGUF first if this cache has none yet."""
     target = cache_dir / "embedded" / EMBEDDED_NAME
     remove_abandoned_staging(cache_dir)
-    if (target / _DONE_MARK).is_file():
+    if _intact(target):
         log.info("embedded model: using converted copy in %s", target)
         return target
     source = gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     with _conversion_lock(target.parent, wait=True):
-        if (target / _DONE_MARK).is_file():  # another process converted it meanwhile
+        if _intact(target, quiet=True):  # another process converted it meanwhile
             return target
         _remove_staging(target.parent)
         log.info("embedded model: converting %s once into %s", source.name, target)
         staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=target.parent))
         try:
             _convert(source, staging)
-            (staging / _DONE_MARK).write_text(GGUF_FILE + "\n")
+            _write_mark(staging)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)  # atomic: a half-written folder is never mistaken for done
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _intact(folder: Path, quiet: bool = False) -> bool:
+    """Whether `folder` holds a complete conversion whose files still match its mark."""
+    if not (folder / _DONE_MARK).is_file():
+        return False
+    problem = _damage(folder)
+    if problem is not None and not quiet:
+        log.warning(
+            "embedded model: the converted copy in %s is damaged (%s); converting it again",
+            folder,
+            problem,
+        )
+    return problem is None
+
+
+def _damage(folder: Path) -> str | None:
+    """What no longer matches the completion mark, or None."""
+    for weights in folder.glob("*.safetensors"):
+        problem = _safetensors_problem(weights)
+        if problem is not None:
+            return f"{weights.name} {problem}"
+    try:
+        recorded = json.loads((folder / _DONE_MARK).read_text())["files"]
+    except (ValueError, KeyError, TypeError):  # a mark of before the records: adopt it
+        with contextlib.suppress(OSError):
+            _write_mark(folder)
+        return None
+    moved = False
+    for name, record in recorded.items():
+        try:
+            stat = (folder / name).stat()
+        except OSError:
+            return f"{name} is missing"
+        if stat.st_size != record["size"]:
+            return f"{name} has {stat.st_size} bytes, {record['size']} when converted"
+        if stat.st_mtime_ns != record["mtime_ns"]:
+            if _sha256(folder / name) != record["sha256"]:
+                return f"{name} changed since it was converted"
+            moved = True
+    if moved:  # copied or touched, same content: record the new times
+        with contextlib.suppress(OSError):
+            _write_mark(folder)
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Whether the file is as long as its own header says (8-byte length, JSON, data)."""
+    try:
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(min(header_len, 100_000_000)))
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "has an unreadable header"
+    expected = 8 + header_len + max(ends, default=0)
+    size = path.stat().st_size
+    return None if size == expected else f"has {size} bytes where its header says {expected}"
+
+
+def _write_mark(folder: Path) -> None:
+    """Write the completion mark: each file's size, mtime and SHA-256 (atomically)."""
+    files = {
+        path.name: {
+            "size": path.stat().st_size,
+            "mtime_ns": path.stat().st_mtime_ns,
+            "sha256": _sha256(path),
+        }
+        for path in sorted(folder.iterdir())
+        if path.is_file() and not path.name.startswith(_DONE_MARK)
+    }
+    with tempfile.NamedTemporaryFile(
+        "w", dir=folder, prefix=_DONE_MARK, suffix=".tmp", delete=False
+    ) as out:
+        json.dump({"source": GGUF_FILE, "files": files}, out, indent=1)
+    Path(out.name).replace(folder / _DONE_MARK)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def remove_abandoned_staging(cache_dir: Path) -> None:
