@@ -22,6 +22,8 @@ from pathlib import Path
 
 import requests
 
+from inference.integrity import safetensors_problem
+
 log = logging.getLogger("deskchat.download")
 
 #: Files a transformers load of a safetensors LLM reads: config, generation
@@ -87,10 +89,12 @@ def fetch_modelscope_model(
     cache_dir = Path(cache_dir)
     advice = _ADVICE.format(cache_dir=cache_dir)
 
-    cached = _cached_snapshot(model_id, revision, cache_dir)
-    if cached is not None:
+    cached, damage = _cached_snapshot(model_id, revision, cache_dir)
+    if cached is not None and damage is None:
         log.info("found %s@%s in cache at %s", model_id, revision, cached)
         return cached
+    if cached is not None:
+        log.info("cache at %s is incomplete (%s); will fetch the rest", cached, damage)
 
     # modelscope reads MODELSCOPE_ENDPOINT once per process (its default config is
     # cached on first use), so read it here and pass it on explicitly.
@@ -98,10 +102,16 @@ def fetch_modelscope_model(
     candidates = [endpoint] if endpoint else _default_endpoints()
     reachable, why_not = _first_reachable(candidates, timeout_s)
     if reachable is None:
+        where = (
+            f"the copy of model {model_id}@{revision} in {cached} is incomplete or damaged "
+            f"({damage})"
+            if cached is not None
+            else f"model {model_id}@{revision} is not in {cache_dir}"
+        )
         raise ModelUnavailable(
             _one_line(
-                f"model {model_id}@{revision} is not in {cache_dir} and ModelScope "
-                f"({' or '.join(candidates)}) is unreachable ({why_not}); {advice}"
+                f"{where} and ModelScope ({' or '.join(candidates)}) is unreachable "
+                f"({why_not}); {advice}"
             )
         )
 
@@ -170,8 +180,11 @@ def _hub_said_not_found(exc: BaseException) -> bool:
     return False
 
 
-def _cached_snapshot(model_id: str, revision: str, cache_dir: Path) -> Path | None:
-    """The complete cached snapshot of model_id@revision, found without network, or None."""
+def _cached_snapshot(
+    model_id: str, revision: str, cache_dir: Path
+) -> tuple[Path | None, str | None]:
+    """The cached snapshot folder of model_id@revision, found without network, or None;
+    and what is incomplete or damaged in it, or None."""
     from modelscope import snapshot_download
 
     try:
@@ -182,12 +195,8 @@ def _cached_snapshot(model_id: str, revision: str, cache_dir: Path) -> Path | No
         )
     except Exception as exc:  # modelscope_hub CacheNotFound, and any odd cache state
         log.debug("%s@%s not in cache %s: %s", model_id, revision, cache_dir, _one_line(str(exc)))
-        return None
-    problem = _incomplete(folder)
-    if problem is not None:
-        log.info("cache at %s is incomplete (%s); will fetch the rest", folder, problem)
-        return None
-    return folder
+        return None, None
+    return folder, _incomplete(folder)
 
 
 def _incomplete(folder: Path) -> str | None:
@@ -214,6 +223,10 @@ def _incomplete(folder: Path) -> str | None:
         missing = sorted(s for s in shards if not (folder / s).is_file())
         if missing:
             return f"missing weight shard {missing[0]}"
+    for weights in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            return f"{weights.name} {problem}"
     return None
 
 

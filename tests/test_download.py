@@ -18,6 +18,15 @@ from tests.modelscope_standin import ModelScopeStandin
 MODEL_ID = "acme/tiny-chat"
 REVISION = "master"
 
+
+def safetensors_bytes(data: bytes) -> bytes:
+    """A real safetensors file holding `data` as one uint8 tensor (header length, header, data)."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}
+    )
+    return len(header).to_bytes(8, "little") + header.encode() + data
+
+
 # What a transformers load reads...
 NEEDED = {
     "config.json": json.dumps({"model_type": "llama", "hidden_size": 8}).encode(),
@@ -25,7 +34,7 @@ NEEDED = {
     "tokenizer.json": b'{"version": "1.0", "model": {}}',
     "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
     "merges.txt": b"#version: 0.2\na b\n",
-    "model.safetensors": bytes(range(256)) * 4,
+    "model.safetensors": safetensors_bytes(bytes(range(256)) * 4),
 }
 # ...and what it doesn't: duplicates in other formats, exports, docs.
 SKIPPED = {
@@ -176,6 +185,35 @@ def test_interrupted_download_in_cache_is_completed_not_used(hub, tmp_path):
     assert (folder / "model.safetensors").read_bytes() == NEEDED["model.safetensors"]
     assert not list(folder.rglob("*.incomplete"))
     assert "model.safetensors" in hub.file_requests()
+
+
+def cut_weights(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # as a full disk or a crash leaves it
+
+
+def test_damaged_weights_in_cache_are_fetched_again(hub, tmp_path):
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    cut_weights(folder)
+    fetched_before = len(hub.file_requests())
+
+    again = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    assert (again / "model.safetensors").read_bytes() == NEEDED["model.safetensors"]
+    assert "model.safetensors" in hub.file_requests()[fetched_before:]
+
+
+def test_damaged_weights_in_cache_offline_are_named(hub, tmp_path):
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    cut_weights(folder)
+    hub.stop()
+
+    with pytest.raises(ModelUnavailable) as info:
+        fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    message = str(info.value)
+    assert "damaged" in message and "model.safetensors" in message and str(folder) in message
+    assert "\n" not in message
 
 
 def test_default_endpoint_honours_modelscope_endpoint_env(hub, tmp_path, monkeypatch):
