@@ -169,7 +169,20 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return serve(config)
+    code = serve(config)
+    _leave_now_if_still_loading(code)
+    return code
+
+
+def _leave_now_if_still_loading(code: int) -> None:
+    """SIGTERM during the model load leaves its thread inside torch's native code, which
+    the interpreter's normal exit tears down with an abort (SIGABRT, exit -6): leave at once."""
+    if any(t.name == "inference" and t.is_alive() for t in threading.enumerate()):
+        log.info("leaving without waiting for the model load to end")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
