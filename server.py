@@ -24,7 +24,7 @@ from inference.worker import Worker
 from web.app import Runtime, create_app
 from web.auth import load_keys, reload_keys
 from web.keys import KeyFileError
-from web.transport import make_http_server, start_http_thread
+from web.transport import ListenError, make_http_server, start_http_thread
 
 log = logging.getLogger("deskchat")
 
@@ -69,15 +69,33 @@ class _Interrupted(Exception):
     """SIGTERM or SIGINT arrived before the service was ready."""
 
 
+# Start-up failures whose message already names the cause and what to do.
+STARTUP_ERRORS = (ListenError, ModelLoadError, EmbeddedMissing, KeyFileError)
+
+
+def startup_failure(exc: BaseException, notifier: Notifier) -> int:
+    """One ERROR line for a start-up failure, no traceback (that only at DEBUG); exit 2."""
+    if isinstance(exc, STARTUP_ERRORS):
+        why = str(exc)
+    else:
+        detail = " ".join(str(exc).split())[:300]
+        why = (
+            f"unexpected {type(exc).__name__}: {detail} (run with --log-level DEBUG "
+            "for the details)"
+        )
+        log.debug("start-up failure", exc_info=exc)
+    log.error("cannot start: %s", why)
+    notifier.send(f"STATUS=failed: {why}")
+    return 2
+
+
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
+    runtime = Runtime()
     try:
-        runtime = Runtime()
         runtime.keys.replace(load_keys(config))
     except KeyFileError as exc:
-        log.error("cannot start: %s", exc)
-        notifier.send(f"STATUS=failed: {exc}")
-        return 2
+        return startup_failure(exc, notifier)
     stop = threading.Event()
     wake = threading.Event()  # the main thread's doorbell: a stop, or a SIGHUP to handle
     reload_asked = threading.Event()
@@ -96,7 +114,10 @@ def serve(config: Config) -> int:
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
 
-    server = make_http_server(config, create_app(config, runtime))
+    try:
+        server = make_http_server(config, create_app(config, runtime))
+    except ListenError as exc:
+        return startup_failure(exc, notifier)
     start_http_thread(server)
     log.info(
         "listening on http://%s:%d (%d HTTP threads)",
@@ -117,12 +138,9 @@ def serve(config: Config) -> int:
         engine, prompts = load_model(choice, config, status)
         return engine
 
-    def abandon(code: int, why: Exception | None) -> int:
+    def abandon() -> None:
         worker.stop()
         server.close()
-        if why is not None:
-            notifier.send(f"STATUS=failed: {why}")
-        return code
 
     try:
         choice = choose_model(config, status)
@@ -134,13 +152,11 @@ def serve(config: Config) -> int:
         )
     except _Interrupted:
         log.info("stopped before the model was ready")
-        return abandon(0, None)
-    except (ModelLoadError, EmbeddedMissing) as exc:
-        log.error("cannot start: %s", exc)
-        return abandon(2, exc)
+        abandon()
+        return 0
     except Exception as exc:
-        log.exception("cannot start: unexpected error while loading the model")
-        return abandon(1, exc)
+        abandon()
+        return startup_failure(exc, notifier)
 
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
@@ -176,7 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return serve(config)
+    code = serve(config)
+    _leave_now_if_still_loading(code)
+    return code
+
+
+def _leave_now_if_still_loading(code: int) -> None:
+    """SIGTERM during the model load leaves its thread inside torch's native code, which
+    the interpreter's normal exit tears down with an abort (SIGABRT, exit -6): leave at once."""
+    if any(t.name == "inference" and t.is_alive() for t in threading.enumerate()):
+        log.info("leaving without waiting for the model load to end")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

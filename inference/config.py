@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import math
 import os
+import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +21,7 @@ DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
 QUANTIZE_CHOICES = ("none", "int8", "int4")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def physical_cores() -> int:
@@ -32,14 +36,41 @@ def default_cache_dir() -> Path:
     return Path(base) / "deskchat"
 
 
-def _networks(text: str) -> None:
-    """Raise ValueError unless `text` is a comma-separated list of addresses or CIDRs."""
+def _networks(text: str) -> str | None:
+    """Why `text` is not a comma-separated list of addresses or CIDRs, or None."""
     for item in filter(None, (part.strip() for part in text.split(","))):
-        ipaddress.ip_network(item, strict=False)
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError as exc:
+            return str(exc)
+    return None
 
 
-def _setting(default, help: str, minimum: float | None = None, **extra):
-    meta = {"help": help, "min": minimum, **extra}
+# A DNS name: dot-separated labels of letters, digits and inner hyphens.
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def host_problem(host: str) -> str | None:
+    """Why nobody could listen on `host`, or None: it must be an IP address or a name that
+    resolves (IPv6 without brackets)."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(host) or re.fullmatch(r"[0-9.]+", host):
+        return "not an IP address (such as 127.0.0.1 or 0.0.0.0) nor a host name"
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return f"the name does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
+def _setting(
+    default, help: str, minimum: float | None = None, maximum: float | None = None, **extra
+):
+    meta = {"help": help, "min": minimum, "max": maximum, **extra}
     if callable(default):
         return field(default_factory=default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -47,8 +78,10 @@ def _setting(default, help: str, minimum: float | None = None, **extra):
 
 @dataclass(frozen=True)
 class Config:
-    host: str = _setting("127.0.0.1", "Address to listen on; 0.0.0.0 opens it to the LAN.")
-    port: int = _setting(8080, "TCP port to listen on.", 1)
+    host: str = _setting(
+        "127.0.0.1", "Address to listen on; 0.0.0.0 opens it to the LAN.", check=host_problem
+    )
+    port: int = _setting(8080, "TCP port to listen on.", 1, 65535)
     model: str = _setting(
         DEFAULT_MODEL,
         "ModelScope model id, a local Hugging Face folder, or 'embedded' (SmolLM2-135M).",
@@ -58,13 +91,13 @@ class Config:
         None, "ModelScope hub address; empty means modelscope's own default."
     )
     download_timeout: float = _setting(
-        10.0, "Seconds to wait for the hub before declaring it unreachable.", 0.1
+        10.0, "Seconds to wait for the hub before declaring it unreachable.", 0.1, 600
     )
     strict_model: bool = _setting(
         False, "Exit instead of falling back to the embedded model when the model is missing."
     )
     cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
-    threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1)
+    threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
     quantize: str = _setting(
         "int8",
         "Linear layers (lm_head too) as none (float), int8 (dynamic, smoothed) or int4 "
@@ -82,26 +115,56 @@ class Config:
         "Reuse the last prompt's KV cache when the next prompt continues that conversation "
         "(off: it slows fresh prompts more than it speeds follow-ups; README 'Speed').",
     )
-    max_queue: int = _setting(4, "Jobs that may wait behind the running one; more get 503.", 1)
+    max_queue: int = _setting(
+        4, "Jobs that may wait behind the running one; more get 503.", 1, 1000
+    )
     request_timeout: float = _setting(
-        120.0, "Seconds a request may take in all, queue wait and generation together.", 0.1
+        120.0,
+        "Seconds a request may take in all, queue wait and generation together.",
+        0.1,
+        86400,
     )
-    max_tokens_default: int = _setting(256, "max_tokens when a request does not say.", 1)
-    max_tokens_cap: int = _setting(1024, "Upper limit on any request's max_tokens.", 1)
+    max_tokens_default: int = _setting(256, "max_tokens when a request does not say.", 1, 1_000_000)
+    max_tokens_cap: int = _setting(1024, "Upper limit on any request's max_tokens.", 1, 1_000_000)
     context_tokens: int = _setting(
-        4096, "Prompt plus answer limit in tokens (also bounded by the model's own).", 16
+        4096,
+        "Prompt plus answer limit in tokens (also bounded by the model's own).",
+        16,
+        1_048_576,
     )
-    max_body_bytes: int = _setting(65536, "Largest accepted request body in bytes.", 256)
-    trusted_proxies: str = _setting(
-        "",
+    max_body_bytes: int = _setting(65536, "Largest accepted request body in bytes.", 256, 64 << 20)
+    trusted_proxies: str | None = _setting(
+        None,
         "Comma-separated addresses or CIDRs of reverse proxies (nginx) whose X-Forwarded-For "
         "names the client in the log; empty trusts none.",
         check=_networks,
     )
     http_threads: int = _setting(
-        0, "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.", 0
+        0,
+        "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.",
+        0,
+        2000,
     )
-    log_level: str = _setting("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
+    connection_limit: int = _setting(
+        500,
+        "Open HTTP connections at most (idle ones included); more wait in the kernel's "
+        "backlog until one closes.",
+        1,
+        100_000,
+    )
+    http_idle_timeout: int = _setting(
+        30, "Seconds an idle keep-alive HTTP connection stays open.", 1, 86400
+    )
+    http_read_timeout: int = _setting(
+        10,
+        "Seconds a client has to send a whole request once it began; an incomplete one is "
+        "answered 408.",
+        1,
+        3600,
+    )
+    log_level: str = _setting(
+        "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS, upper=True
+    )
     api_keys_file: Path | None = _setting(
         None,
         "File of API keys, one 'name:key' per line; with keys, every route but GET /health "
@@ -147,17 +210,57 @@ def _convert(f: dataclasses.Field, text: str):
         return _parse_bool(text)
     if f.type.endswith("| None") and not text:
         return None
-    converters = {"int": int, "float": float, "Path": lambda s: Path(s).expanduser(), "str": str}
+    converters = {"int": _parse_int, "float": _parse_float, "Path": _parse_path, "str": _parse_str}
     value = converters[kind](text)
+    check = f.metadata.get("check")
+    problem = check(value) if check else None
+    if problem:
+        raise ValueError(f"{value!r}: {problem}")
     choices = f.metadata.get("choices")
+    if f.metadata.get("upper"):
+        value = value.upper()
     if choices and value not in choices:
         raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
-    minimum = f.metadata.get("min")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"must be at least {minimum}, got {value}")
-    if "check" in f.metadata:
-        f.metadata["check"](value)
+    minimum, maximum = f.metadata.get("min"), f.metadata.get("max")
+    if minimum is not None and value < minimum or maximum is not None and value > maximum:
+        raise ValueError(f"must be {_range(f)}, got {value}")
     return value
+
+
+def _range(f: dataclasses.Field) -> str:
+    minimum, maximum = f.metadata.get("min"), f.metadata.get("max")
+    if maximum is None:
+        return f"at least {minimum:g}"
+    return f"from {minimum:g} to {maximum:g}"
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _parse_str(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a value, got nothing")
+    return text
+
+
+def _parse_path(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("expected a path, got nothing")
+    return Path(text).expanduser()
 
 
 def _default(f: dataclasses.Field):
@@ -177,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         "be set through the environment variable shown.",
     )
     for f in _fields():
-        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default: {_default(f)}]"
+        bounds = f"; {_range(f)}" if f.metadata.get("min") is not None else ""
+        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default: {_default(f)}{bounds}]"
         if _kind(f) == "bool":
             parser.add_argument(
                 flag_name(f.name),

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import requests
 
+from inference.integrity import safetensors_problem
+
 log = logging.getLogger("deskchat.download")
 
 #: Files a transformers load of a safetensors LLM reads: config, generation
@@ -60,6 +62,11 @@ class ModelUnavailable(Exception):
     """The requested ModelScope model is neither cached nor downloadable; str() says what to do."""
 
 
+class ModelNotFound(Exception):
+    """The hub answered that model_id@revision does not exist (not a ModelUnavailable: a
+    typo in the model id is the operator's to fix, not a reason to serve another model)."""
+
+
 def fetch_modelscope_model(
     model_id: str,
     revision: str,
@@ -82,10 +89,12 @@ def fetch_modelscope_model(
     cache_dir = Path(cache_dir)
     advice = _ADVICE.format(cache_dir=cache_dir)
 
-    cached = _cached_snapshot(model_id, revision, cache_dir)
-    if cached is not None:
+    cached, damage = _cached_snapshot(model_id, revision, cache_dir)
+    if cached is not None and damage is None:
         log.info("found %s@%s in cache at %s", model_id, revision, cached)
         return cached
+    if cached is not None:
+        log.info("cache at %s is incomplete (%s); will fetch the rest", cached, damage)
 
     # modelscope reads MODELSCOPE_ENDPOINT once per process (its default config is
     # cached on first use), so read it here and pass it on explicitly.
@@ -93,10 +102,16 @@ def fetch_modelscope_model(
     candidates = [endpoint] if endpoint else _default_endpoints()
     reachable, why_not = _first_reachable(candidates, timeout_s)
     if reachable is None:
+        where = (
+            f"the copy of model {model_id}@{revision} in {cached} is incomplete or damaged "
+            f"({damage})"
+            if cached is not None
+            else f"model {model_id}@{revision} is not in {cache_dir}"
+        )
         raise ModelUnavailable(
             _one_line(
-                f"model {model_id}@{revision} is not in {cache_dir} and ModelScope "
-                f"({' or '.join(candidates)}) is unreachable ({why_not}); {advice}"
+                f"{where} and ModelScope ({' or '.join(candidates)}) is unreachable "
+                f"({why_not}); {advice}"
             )
         )
 
@@ -119,6 +134,12 @@ def fetch_modelscope_model(
             )
         )
     except Exception as exc:
+        if _hub_said_not_found(exc):
+            raise ModelNotFound(
+                f"{site} has no model {model_id} at revision {revision} (or it is private); "
+                "check --model and --revision (ids look like Qwen/Qwen2.5-0.5B-Instruct), "
+                "or use --model PATH / --model embedded"
+            ) from exc
         raise ModelUnavailable(
             _one_line(
                 f"downloading model {model_id}@{revision} from {site} failed "
@@ -141,8 +162,29 @@ def fetch_modelscope_model(
     return folder
 
 
-def _cached_snapshot(model_id: str, revision: str, cache_dir: Path) -> Path | None:
-    """The complete cached snapshot of model_id@revision, found without network, or None."""
+def _hub_said_not_found(exc: BaseException) -> bool:
+    """Whether the hub answered 404 (modelscope_hub's NotExistError, or the requests
+    HTTPError that modelscope wraps it in) anywhere in the exception's chain."""
+    from modelscope_hub.errors import NotExistError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, NotExistError):
+            return True
+        response = getattr(current, "response", None)
+        if isinstance(current, requests.HTTPError) and getattr(response, "status_code", 0) == 404:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _cached_snapshot(
+    model_id: str, revision: str, cache_dir: Path
+) -> tuple[Path | None, str | None]:
+    """The cached snapshot folder of model_id@revision, found without network, or None;
+    and what is incomplete or damaged in it, or None."""
     from modelscope import snapshot_download
 
     try:
@@ -153,12 +195,8 @@ def _cached_snapshot(model_id: str, revision: str, cache_dir: Path) -> Path | No
         )
     except Exception as exc:  # modelscope_hub CacheNotFound, and any odd cache state
         log.debug("%s@%s not in cache %s: %s", model_id, revision, cache_dir, _one_line(str(exc)))
-        return None
-    problem = _incomplete(folder)
-    if problem is not None:
-        log.info("cache at %s is incomplete (%s); will fetch the rest", folder, problem)
-        return None
-    return folder
+        return None, None
+    return folder, _incomplete(folder)
 
 
 def _incomplete(folder: Path) -> str | None:
@@ -185,6 +223,10 @@ def _incomplete(folder: Path) -> str | None:
         missing = sorted(s for s in shards if not (folder / s).is_file())
         if missing:
             return f"missing weight shard {missing[0]}"
+    for weights in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            return f"{weights.name} {problem}"
     return None
 
 

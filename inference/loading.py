@@ -6,6 +6,7 @@ replaced by the embedded model with one WARNING line, unless strict mode asks to
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.config import EMBEDDED_MODEL, Config
-from inference.embedded import EMBEDDED_NAME, embedded_model_dir
+from inference.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
 
 log = logging.getLogger("deskchat.loading")
 
@@ -35,20 +36,70 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", ".", "~")) or os.path.isdir(value)
 
 
+def _folder_problem(path: Path) -> str | None:
+    """Why `path` is not a loadable Hugging Face model folder, or None (checked before the
+    slow load, so the common mistakes get a precise message)."""
+    config = path / "config.json"
+    if not config.is_file():
+        return "no config.json there"
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"its config.json is not readable JSON ({' '.join(str(exc).split())})"
+    if not isinstance(parsed, dict):
+        return "its config.json is not a JSON object"
+    weights = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+    if not any(next(path.glob(pattern), None) for pattern in weights):
+        return "no weights in it (*.safetensors or pytorch_model*.bin)"
+    return None
+
+
+def _cache_problem(cache_dir: Path) -> str | None:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return "it is a file, not a folder"
+    except NotADirectoryError:
+        return "a part of that path is a file, not a folder"
+    except OSError as exc:
+        return f"it cannot be created ({exc.strerror or exc})"
+    return None
+
+
+def _embedded(cache_dir: Path) -> Path:
+    try:
+        return embedded_model_dir(cache_dir)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot convert the embedded model into {cache_dir / 'embedded'}: "
+            f"{exc.strerror or exc}; free some disk space or choose another --cache-dir"
+        ) from None
+
+
 def choose_model(config: Config, status: Status) -> ModelChoice:
     """Find (or fetch) the folder of the model to serve, applying the fallback rule."""
-    if config.model == EMBEDDED_MODEL:
-        status("preparing the embedded model")
-        return ModelChoice(embedded_model_dir(config.cache_dir), EMBEDDED_NAME)
     if _looks_like_path(config.model):
         path = Path(config.model).expanduser()
-        if not (path / "config.json").is_file():
+        problem = _folder_problem(path)
+        if problem is not None:
             raise ModelLoadError(
-                f"--model {config.model}: not a Hugging Face model folder (no config.json there)"
+                f"--model {config.model}: not a usable Hugging Face model folder: {problem}; "
+                "point --model at a complete model folder (config.json, tokenizer files, "
+                "*.safetensors) or use --model embedded"
             )
         return ModelChoice(path.resolve(), path.name)
+    problem = _cache_problem(config.cache_dir)
+    if problem is not None:
+        raise ModelLoadError(
+            f"--cache-dir {config.cache_dir}: {problem}; choose another --cache-dir "
+            "(DESKCHAT_CACHE_DIR) or move what is in the way"
+        )
+    remove_abandoned_staging(config.cache_dir)
+    if config.model == EMBEDDED_MODEL:
+        status("preparing the embedded model")
+        return ModelChoice(_embedded(config.cache_dir), EMBEDDED_NAME)
 
-    from inference.download import ModelUnavailable, fetch_modelscope_model
+    from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 
     status(f"fetching {config.model}@{config.revision} from ModelScope")
     try:
@@ -60,6 +111,8 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
             timeout_s=config.download_timeout,
         )
         return ModelChoice(path, config.model)
+    except ModelNotFound as exc:  # a mistake to fix, not a reason to serve another model
+        raise ModelLoadError(str(exc)) from None
     except ModelUnavailable as exc:
         if config.strict_model:
             raise ModelLoadError(f"{exc} (strict model mode is on, so no fallback)") from None
@@ -70,7 +123,7 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
             EMBEDDED_NAME,
         )
         status("default model unavailable; preparing the embedded model")
-        return ModelChoice(embedded_model_dir(config.cache_dir), EMBEDDED_NAME)
+        return ModelChoice(_embedded(config.cache_dir), EMBEDDED_NAME)
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -88,7 +141,23 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 def load_model(choice: ModelChoice, config: Config, status: Status):
-    """Load tokenizers and model from the chosen folder; returns (Engine, PromptBuilder)."""
+    """Load tokenizers and model from the chosen folder; returns (Engine, PromptBuilder).
+    Whatever keeps the folder from loading is a ModelLoadError of one line."""
+    try:
+        return _load_model(choice, config, status)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # transformers, safetensors and torch each raise their own
+        log.debug("loading %s failed", choice.path, exc_info=exc)
+        detail = " ".join(str(exc).split())[:300]
+        raise ModelLoadError(
+            f"cannot load the model in {choice.path} ({type(exc).__name__}: {detail}); "
+            "check that the folder holds a complete Hugging Face model, or use --model "
+            "embedded"
+        ) from None
+
+
+def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,18 +1,19 @@
 """The one inference thread and its bounded FIFO.
 
-`submit()` never blocks: a full queue is an immediate Overloaded. The thread takes jobs in
-order, drops those whose client left or whose deadline passed, runs the engine, and ends every
-job with exactly one terminal item on the job's reply queue. An exception inside the engine
-becomes that job's Internal error; the thread goes on serving.
+`submit()` never blocks: a full queue is an immediate Overloaded. Slots belong to live jobs:
+a waiting job whose client left or whose deadline passed is taken out of the FIFO (and ended)
+whenever anyone looks at the queue, so it never counts against `--max-queue` nor in `depth`.
+The thread takes live jobs in order, runs the engine, and ends every job with exactly one
+terminal item on the job's reply queue. An exception inside the engine becomes that job's
+Internal error; the thread goes on serving.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -29,6 +30,8 @@ from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 log = logging.getLogger("deskchat.worker")
 
 IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
+FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
+JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
 
 
 class EngineLike(Protocol):
@@ -43,11 +46,15 @@ class Worker:
     def __init__(self, engine: EngineLike | None, max_queue: int):
         self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        # The FIFO of waiting jobs. One lock guards it and `_current`: a job is either
+        # waiting, or running, or ended, and moves between them only under the lock.
+        self._waiting: deque[Job] = deque()
+        self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="inference", daemon=True)
         self._stopping = threading.Event()
         self._current: Job | None = None
-        self._job_seconds = 5.0  # running estimate of a job's time, for Retry-After
+        self._current_picked = 0.0  # when the running job was taken
+        self._job_seconds: float | None = None  # average measured job time; None: none yet
         self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
@@ -71,12 +78,9 @@ class Worker:
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new jobs, end the waiting and the running one with 503, join the thread."""
         self._stopping.set()
-        self._drain()
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)  # wake the thread if it waits for work
+        self._end_waiting("the server is stopping")  # also wakes the thread if it waits
         if self._thread.ident is not None:  # started
             self._thread.join(timeout)
-        self._drain()  # anything submitted while the thread was finishing
 
     @property
     def alive(self) -> bool:
@@ -84,8 +88,10 @@ class Worker:
 
     @property
     def depth(self) -> int:
-        """Jobs waiting in the FIFO (not counting the one running)."""
-        return self._queue.qsize()
+        """Live jobs waiting in the FIFO (not counting the one running)."""
+        with self._lock:
+            self._prune()
+            return len(self._waiting)
 
     @property
     def busy(self) -> bool:
@@ -95,25 +101,40 @@ class Worker:
 
     def check_room(self) -> None:
         """Raise what submit() would for a full queue or a stopped worker, without a job."""
-        if self._stopping.is_set() or not self.alive:
-            raise Unavailable("the server is stopping or its inference thread is gone")
-        if self._queue.full():
-            raise self._overloaded()
+        with self._lock:
+            self._check_room()
 
     def submit(self, job: Job) -> Job:
-        self.check_room()
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise self._overloaded() from None
+        with self._lock:
+            self._check_room()
+            self._waiting.append(job)
+            self._lock.notify()
         return job
 
-    def _overloaded(self) -> Overloaded:
-        # A fair guess of when a slot frees up: the job-time estimate, at least one second.
-        return Overloaded(
-            f"the queue is full ({self.capacity} waiting); retry later",
-            retry_after_s=self._job_seconds,
-        )
+    def _check_room(self) -> None:  # with the lock held
+        if self._stopping.is_set() or not self.alive:
+            raise Unavailable("the server is stopping or its inference thread is gone")
+        self._prune()
+        if len(self._waiting) >= self.capacity:
+            raise Overloaded(
+                f"the queue is full ({self.capacity} waiting); retry later",
+                retry_after_s=self._expected_start_s(0),
+            )
+
+    def expected_start_s(self, position: int) -> float:
+        """Expected seconds until the job waiting at `position` (0: the head) starts: the
+        rest of the running job, then one average job per job ahead of it. For position 0
+        it is when a waiting slot frees."""
+        with self._lock:
+            return self._expected_start_s(position)
+
+    def _expected_start_s(self, position: int) -> float:  # with the lock held
+        per_job = FIRST_GUESS_S if self._job_seconds is None else self._job_seconds
+        rest = 0.0
+        if self._current is not None:
+            # A job running longer than the average is expected to end any moment.
+            rest = max(0.0, per_job - (time.monotonic() - self._current_picked))
+        return rest + position * per_job
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
         """Run one generation in the worker thread and wait for it (used for warm-up)."""
@@ -124,6 +145,51 @@ class Worker:
                 raise event.error
             if isinstance(event, Done):
                 return event
+
+    # -- the FIFO ---------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """End and take out the waiting jobs nobody waits for: client gone, deadline passed.
+        Called with the lock held, wherever the queue is looked at, so their slots are free
+        the moment anyone could want one."""
+        if not any(job.cancelled or job.expired() for job in self._waiting):
+            return
+        live: deque[Job] = deque()
+        for job in self._waiting:
+            if job.cancelled:
+                job.events.put(Failed(Cancelled("the client went away while queued")))
+            elif job.expired():
+                job.events.put(Failed(self._expired_in_queue(job)))
+            else:
+                live.append(job)
+        self._waiting = live
+
+    @staticmethod
+    def _expired_in_queue(job: Job) -> Timeout:
+        waited_ms = (time.monotonic() - job.created) * 1000
+        return Timeout(
+            f"the request waited {waited_ms:.0f} ms in the queue and "
+            f"passed its {job.timeout_s:g} s deadline"
+        )
+
+    def _next_job(self) -> Job | None:
+        """The next live job, or None after an idle tick (or when stopping)."""
+        with self._lock:
+            self._prune()
+            if not self._waiting and not self._stopping.is_set():
+                self._lock.wait(IDLE_TICK_S)
+                self._prune()
+            if not self._waiting or self._stopping.is_set():
+                return None
+            self._current = self._waiting.popleft()
+            self._current_picked = time.monotonic()
+            return self._current
+
+    def _end_waiting(self, why: str) -> None:
+        with self._lock:
+            while self._waiting:
+                self._waiting.popleft().events.put(Failed(Unavailable(why)))
+            self._lock.notify_all()
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -138,20 +204,19 @@ class Worker:
                 self._loaded.set()
         while not self._stopping.is_set():
             self.heartbeat = time.monotonic()
-            try:
-                job = self._queue.get(timeout=IDLE_TICK_S)
-            except queue.Empty:
+            job = self._next_job()
+            if job is None:
                 continue
-            if job is None:  # stop()'s wake-up call
-                continue
-            self._current = job
             try:
                 outcome = self._serve(job)
             except BaseException:  # the thread is going down: its job still gets its end
                 job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
+                self._stopping.set()  # refuse new jobs before the thread is gone for good
+                self._end_waiting("the inference thread died")
                 raise
             finally:
-                self._current = None
+                with self._lock:
+                    self._current = None
             job.events.put(outcome)
 
     def _should_stop(self, job: Job) -> bool:
@@ -159,7 +224,7 @@ class Worker:
         return job.cancelled or job.expired() or self._stopping.is_set()
 
     def _serve(self, job: Job) -> Done | Failed:
-        picked = time.monotonic()
+        picked = self._current_picked
         job.started = True
         queued_ms = (picked - job.created) * 1000
         if self._stopping.is_set():
@@ -167,12 +232,7 @@ class Worker:
         if job.cancelled:
             return Failed(Cancelled("the client went away while queued"))
         if job.expired():
-            return Failed(
-                Timeout(
-                    f"the request waited {queued_ms:.0f} ms in the queue and "
-                    f"passed its {job.timeout_s:g} s deadline"
-                )
-            )
+            return Failed(self._expired_in_queue(job))
         try:
             result = self.engine.run(
                 job.prompt_ids,
@@ -188,8 +248,8 @@ class Worker:
         done_at = time.monotonic()
         if result.finish_reason == "interrupted":
             return Failed(self._interruption(job, result))
-        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (done_at - picked)
         gen_s = done_at - picked
+        self._measured(gen_s)
         return Done(
             finish_reason=result.finish_reason,
             usage=Usage(len(job.prompt_ids), result.completion_tokens),
@@ -198,6 +258,14 @@ class Worker:
             total_ms=(done_at - job.created) * 1000,
             tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
         )
+
+    def _measured(self, job_s: float) -> None:
+        """Fold a finished job's time into the average; the first one replaces the guess."""
+        with self._lock:
+            if self._job_seconds is None:
+                self._job_seconds = job_s
+            else:
+                self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
 
     def _interruption(self, job: Job, result: Generation) -> ServiceError:
         if self._stopping.is_set():
@@ -208,12 +276,3 @@ class Worker:
             f"the request passed its {job.timeout_s:g} s deadline after "
             f"{result.completion_tokens} tokens"
         )
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                job.events.put(Failed(Unavailable("the server is stopping")))

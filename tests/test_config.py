@@ -34,11 +34,23 @@ def test_booleans_from_environment_and_flags():
         ([], {"DESKCHAT_PORT": "0"}, "DESKCHAT_PORT"),
         ([], {"DESKCHAT_STRICT_MODEL": "maybe"}, "DESKCHAT_STRICT_MODEL"),
         (["--max-queue", "4", "--http-threads", "5"], {}, "--http-threads"),
+        (["--port", "70000"], {}, "--port"),
+        ([], {"DESKCHAT_REQUEST_TIMEOUT": "inf"}, "DESKCHAT_REQUEST_TIMEOUT"),
+        (["--log-level", "verbose"], {}, "--log-level"),
+        (["--host", "300.1.2.3"], {}, "--host"),
+        ([], {"DESKCHAT_HOST": ""}, "DESKCHAT_HOST"),
+        (["--connection-limit", "0"], {}, "--connection-limit"),
     ],
 )
 def test_bad_values_name_their_source(argv, environ, named):
     with pytest.raises(ConfigError, match=named):
         load_config(argv, environ=environ)
+
+
+def test_hosts_and_log_levels_that_are_fine():
+    assert load_config(["--host", "::1"], environ={}).host == "::1"
+    assert load_config(["--host", "localhost"], environ={}).host == "localhost"
+    assert load_config(["--log-level", "debug"], environ={}).log_level == "DEBUG"
 
 
 def test_help_and_readme_list_every_setting():

@@ -12,11 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from inference.download import ModelUnavailable, fetch_modelscope_model
+from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 from tests.modelscope_standin import ModelScopeStandin
 
 MODEL_ID = "acme/tiny-chat"
 REVISION = "master"
+
+
+def safetensors_bytes(data: bytes) -> bytes:
+    """A real safetensors file holding `data` as one uint8 tensor (header length, header, data)."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}
+    )
+    return len(header).to_bytes(8, "little") + header.encode() + data
+
 
 # What a transformers load reads...
 NEEDED = {
@@ -25,7 +34,7 @@ NEEDED = {
     "tokenizer.json": b'{"version": "1.0", "model": {}}',
     "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
     "merges.txt": b"#version: 0.2\na b\n",
-    "model.safetensors": bytes(range(256)) * 4,
+    "model.safetensors": safetensors_bytes(bytes(range(256)) * 4),
 }
 # ...and what it doesn't: duplicates in other formats, exports, docs.
 SKIPPED = {
@@ -178,6 +187,35 @@ def test_interrupted_download_in_cache_is_completed_not_used(hub, tmp_path):
     assert "model.safetensors" in hub.file_requests()
 
 
+def cut_weights(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # as a full disk or a crash leaves it
+
+
+def test_damaged_weights_in_cache_are_fetched_again(hub, tmp_path):
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    cut_weights(folder)
+    fetched_before = len(hub.file_requests())
+
+    again = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    assert (again / "model.safetensors").read_bytes() == NEEDED["model.safetensors"]
+    assert "model.safetensors" in hub.file_requests()[fetched_before:]
+
+
+def test_damaged_weights_in_cache_offline_are_named(hub, tmp_path):
+    folder = fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+    cut_weights(folder)
+    hub.stop()
+
+    with pytest.raises(ModelUnavailable) as info:
+        fetch_modelscope_model(MODEL_ID, REVISION, tmp_path, endpoint=hub.url)
+
+    message = str(info.value)
+    assert "damaged" in message and "model.safetensors" in message and str(folder) in message
+    assert "\n" not in message
+
+
 def test_default_endpoint_honours_modelscope_endpoint_env(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.url)
 
@@ -187,13 +225,18 @@ def test_default_endpoint_honours_modelscope_endpoint_env(hub, tmp_path, monkeyp
     assert sorted(hub.file_requests()) == sorted(NEEDED)
 
 
-def test_unknown_model_is_unavailable_with_one_line_message(hub, tmp_path):
-    with pytest.raises(ModelUnavailable) as info:
-        fetch_modelscope_model("acme/no-such-model", REVISION, tmp_path, endpoint=hub.url)
+@pytest.mark.parametrize(
+    ("model_id", "revision"),
+    [("acme/no-such-model", REVISION), (MODEL_ID, "no-such-revision")],
+    ids=["unknown model", "unknown revision"],
+)
+def test_what_the_hub_does_not_have_is_not_found_in_one_line(hub, tmp_path, model_id, revision):
+    with pytest.raises(ModelNotFound) as info:
+        fetch_modelscope_model(model_id, revision, tmp_path, endpoint=hub.url)
 
     message = str(info.value)
     assert "\n" not in message
-    assert "acme/no-such-model" in message and "--model PATH" in message
+    assert model_id in message and revision in message and "--model" in message
 
 
 def test_closed_port_fails_fast_with_advice(tmp_path):

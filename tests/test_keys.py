@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from inference.config import load_config
+from inference.config import Config
 from tests.fakes import FakeEngine
 from tests.httpclient import request, wait_until
 from web.auth import FailureLimiter, exposure_problem
@@ -70,8 +70,7 @@ def test_failure_limiter_blocks_after_the_limit_and_forgets_after_the_window():
     ],
 )
 def test_exposure_rule(host, keys, allow, refused):
-    flags = ["--host", host, *(["--allow-unauthenticated"] if allow else [])]
-    problem = exposure_problem(load_config(flags, environ={}), keys)
+    problem = exposure_problem(Config(host=host, allow_unauthenticated=allow), keys)
     assert (problem is not None) == refused
     if refused:
         assert "--api-keys-file" in problem and "--allow-unauthenticated" in problem

@@ -106,7 +106,7 @@ def test_client_address(remote, forwarded, trusted, client):
 
 
 def test_trusted_proxies_setting():
-    assert load_config([], environ={}).trusted_proxies == ""
+    assert load_config([], environ={}).trusted_proxies is None
     config = load_config([], environ={"DESKCHAT_TRUSTED_PROXIES": "10.0.0.5,10.1.0.0/16"})
     assert parse_networks(config.trusted_proxies) == parse_networks("10.0.0.5, 10.1.0.0/16")
     with pytest.raises(ConfigError, match="--trusted-proxies"):

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NO_NETWORK, free_port
 from tests.httpclient import Stream, chat, request, wait_until
 
@@ -42,6 +44,118 @@ def test_bad_setting_is_refused_before_anything_loads(start_server):
     server = start_server("--max-queue", "zero", ready=False)
     assert server.proc.wait(30) == 2
     assert "--max-queue" in server.log() and "Traceback" not in server.log()
+
+
+def _taken_port(tmp_path, held):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    held.append(sock)
+    return ["--port", str(sock.getsockname()[1])]
+
+
+def _file(tmp_path, _held):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    return tmp_path / "a-file"
+
+
+def _model_folder(tmp_path, files: dict[str, str]) -> str:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return str(folder)
+
+
+def _truncated_weights(tmp_path, _held):
+    import shutil
+
+    from inference.embedded import embedded_model_dir
+    from tests.conftest import TEST_CACHE
+
+    folder = tmp_path / "truncated"
+    shutil.copytree(embedded_model_dir(TEST_CACHE), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    return ["--model", str(folder)]
+
+
+# (flags, or a function of (tmp_path, sockets to hold) giving them; words the one line has)
+MISUSES = {
+    "port taken": (_taken_port, ["already in use", "--port"]),
+    "port too high": (["--port", "70000"], ["--port", "65535"]),
+    "port zero": (["--port", "0"], ["--port", "from 1"]),
+    "port not a number": (["--port", "http"], ["--port", "whole number"]),
+    "host not an address": (["--host", "999.1.1.1"], ["--host", "not an IP address"]),
+    "host with a space": (["--host", "my pc"], ["--host", "not an IP address"]),
+    "host that does not resolve": (["--host", "nosuch.invalid"], ["--host", "resolve"]),
+    "host not on this PC": (["--host", "192.0.2.1"], ["192.0.2.1", "not an address of this PC"]),
+    "cache dir is a file": (
+        lambda tmp, held: ["--model", "embedded", "--cache-dir", str(_file(tmp, held))],
+        ["--cache-dir", "is a file"],
+    ),
+    "cache dir under a file": (
+        lambda tmp, held: ["--cache-dir", str(_file(tmp, held) / "cache")],
+        ["--cache-dir", "is a file"],
+    ),
+    "model folder missing": (["--model", "/nonexistent/model"], ["--model", "no config.json"]),
+    "broken config.json": (
+        lambda tmp, _: ["--model", _model_folder(tmp, {"config.json": '{"model_type": '})],
+        ["--model", "config.json is not readable JSON"],
+    ),
+    "no weights": (
+        lambda tmp, _: [
+            "--model",
+            _model_folder(tmp, {"config.json": '{"model_type": "llama"}', "tokenizer.json": "{}"}),
+        ],
+        ["--model", "no weights"],
+    ),
+    "truncated weights": (_truncated_weights, ["cannot load the model", "--model embedded"]),
+    "timeout not finite": (["--request-timeout", "nan"], ["--request-timeout", "finite"]),
+    "unknown log level": (["--log-level", "loud"], ["--log-level", "DEBUG, INFO"]),
+    "queue of zero": (["--max-queue", "0"], ["--max-queue", "from 1"]),
+    "empty model": (["--model="], ["--model", "got nothing"]),
+}
+
+
+@pytest.mark.parametrize(("make_flags", "words"), MISUSES.values(), ids=MISUSES.keys())
+def test_a_startup_misuse_is_one_line_and_exit_2(start_server, tmp_path, make_flags, words):
+    held: list[socket.socket] = []
+    flags = make_flags(tmp_path, held) if callable(make_flags) else make_flags
+    try:
+        server = start_server(*flags, ready=False)
+        code = server.proc.wait(120)
+    finally:
+        for sock in held:
+            sock.close()
+    log = server.log()
+    said = [line for line in log.splitlines() if " ERROR " in line or line.startswith("server.py")]
+    assert code == 2, log
+    assert len(said) == 1, log
+    assert all(word in said[0] for word in words), said[0]
+    assert "Traceback" not in log
+
+
+def test_a_model_id_the_hub_does_not_know_is_an_error_not_a_fallback(start_server):
+    from tests.modelscope_standin import ModelScopeStandin
+
+    with ModelScopeStandin({"acme/tiny-chat": {"config.json": b"{}"}}) as hub:
+        server = start_server(
+            "--modelscope-endpoint", hub.url, "--model", "acme/no-such-chat", ready=False
+        )
+        assert server.proc.wait(60) == 2
+    errors = [line for line in server.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "acme/no-such-chat" in errors[0] and "--model" in errors[0]
+    assert " WARNING " not in server.log() and "Traceback" not in server.log()
+
+
+def test_too_few_file_descriptors_for_the_connection_limit_is_one_line(start_server):
+    server = start_server(
+        "--connection-limit", "5000", wrapper=["prlimit", "--nofile=1024:1024"], ready=False
+    )
+    assert server.proc.wait(60) == 2
+    assert "--connection-limit" in server.log() and "LimitNOFILE" in server.log()
+    assert "Traceback" not in server.log()
 
 
 class NotifyListener:

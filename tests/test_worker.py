@@ -100,6 +100,43 @@ def test_full_queue_refuses_at_once_with_retry_after(worker_for):
         assert isinstance(terminal_events(job)[1], Done)
 
 
+def test_retry_after_is_the_measured_rest_of_the_running_job(worker_for):
+    engine = FakeEngine(token_s=0.05)
+    worker = worker_for(engine, max_queue=2)
+    assert worker.expected_start_s(0) == 0  # idle: a slot is free now
+    done = worker.run_now(ids("warm-up"), Sampling(max_tokens=4))
+    measured = (done.total_ms - done.queued_ms) / 1000  # about 0.2 s: replaces the 5 s guess
+
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
+    assert wait_until(lambda: worker.busy, 5)
+    for i in range(2):
+        worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded) as refused:
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert 0 <= refused.value.retry_after_s <= measured
+    time.sleep(measured / 2)  # the running job's elapsed time counts
+    assert worker.expected_start_s(0) <= measured / 2 + 0.01
+    # Each job ahead adds one average job time.
+    ahead = worker.expected_start_s(2) - worker.expected_start_s(0)
+    assert ahead == pytest.approx(2 * measured, abs=0.02)
+    running.cancel()
+
+
+def test_retry_after_starts_from_a_guess_until_a_job_is_measured(worker_for):
+    engine = FakeEngine(token_s=0.05)
+    worker = worker_for(engine, max_queue=1)
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
+    assert wait_until(lambda: worker.busy, 5)
+    waiting = worker.submit(Job(ids("q"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded) as refused:
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert 4 < refused.value.retry_after_s <= 5
+    waiting.cancel()
+    running.cancel()  # interrupted jobs are not measured
+    assert wait_until(lambda: worker.depth == 0 and not worker.busy, 5)
+    assert worker.expected_start_s(1) == pytest.approx(5)
+
+
 def test_deadline_passed_in_queue_is_a_timeout_and_never_runs(worker_for):
     engine = FakeEngine(token_s=0.05)
     worker = worker_for(engine)
@@ -141,6 +178,34 @@ def test_cancelled_while_queued_never_runs(worker_for):
     assert isinstance(terminal_events(blocker)[1], Done)
     assert isinstance(terminal_events(gone)[1].error, Cancelled)
     assert ids("gone") not in engine.ran
+
+
+def test_dead_waiting_jobs_free_their_slots_at_once(worker_for):
+    """A queued job whose client left or whose deadline passed ends and leaves the FIFO at
+    once, while the running job still runs: its slot goes to the next live job."""
+    engine = FakeEngine(token_s=0.02)
+    worker = worker_for(engine, max_queue=3)
+    running = worker.submit(Job(ids("run"), Sampling(max_tokens=10_000), timeout_s=30))
+    assert engine.started.wait(5)
+    first = worker.submit(Job(ids("first"), Sampling(max_tokens=1), timeout_s=30))
+    gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=1), timeout_s=30))
+    late = worker.submit(Job(ids("late"), Sampling(max_tokens=1), timeout_s=0.2))
+    with pytest.raises(Overloaded):
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    gone.cancel()
+    time.sleep(0.3)  # late's deadline passes
+    assert worker.depth == 1  # only `first` still waits for its turn
+    assert isinstance(terminal_events(gone, timeout=1)[1].error, Cancelled)
+    assert isinstance(terminal_events(late, timeout=1)[1].error, Timeout)
+    second = worker.submit(Job(ids("second"), Sampling(max_tokens=1), timeout_s=30))
+    third = worker.submit(Job(ids("third"), Sampling(max_tokens=1), timeout_s=30))
+    with pytest.raises(Overloaded):  # three live jobs wait: the bound still holds
+        worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
+    assert worker.busy and not running.events.empty()  # all of that while `run` ran
+    running.cancel()
+    for job in (first, second, third):
+        assert isinstance(terminal_events(job)[1], Done)
+    assert engine.ran == [ids("run"), ids("first"), ids("second"), ids("third")]
 
 
 def test_engine_failure_reaches_its_job_and_the_worker_goes_on(worker_for):

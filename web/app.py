@@ -52,7 +52,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     gate = Gate(runtime.keys)
 
-    trusted_proxies = parse_networks(config.trusted_proxies)
+    trusted_proxies = parse_networks(config.trusted_proxies or "")
 
     @app.before_request
     def _start():
