@@ -40,6 +40,12 @@ class Constraint:
         allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
         if self._matcher.is_error() or not allowed.any():
             raise InvalidRequest("the JSON schema allows no further output: no value satisfies it")
+        if logits.dtype == torch.float32 and logits.is_contiguous():
+            # Adding 0 or -inf in numpy: the whole mask step takes about 0.6 ms for Qwen's
+            # 151,936 logits, where torch's masked_fill_ alone took 1.4-8 ms here.
+            values = logits.numpy()
+            np.add(values, np.array([-np.inf, 0.0], dtype=np.float32)[allowed], out=values)
+            return logits
         return logits.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
 
     def take(self, token: int) -> None:
@@ -72,7 +78,12 @@ class SchemaCompiler:
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _tokenizer(self):
+    def warm(self) -> None:
+        """Build the grammar tokenizer now rather than at the first schema."""
+        with self._lock:
+            self._tokenizer()
+
+    def _tokenizer(self):  # with the lock held
         import llguidance.hf
 
         if self._ll_tokenizer is None:
