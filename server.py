@@ -160,6 +160,7 @@ def serve(config: Config) -> int:
 
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
+    runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)
     runtime.worker = worker  # last: from here on /chat and /health serve
     status(f"ready: serving {engine.name}")
     notifier.send("READY=1")

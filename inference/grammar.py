@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inference.errors import InvalidRequest
+from inference.errors import Internal, InvalidRequest
 
 if TYPE_CHECKING:
     import torch
@@ -49,12 +49,13 @@ class Constraint:
         return logits.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
 
     def take(self, token: int) -> None:
-        self._matcher.consume_token(token)
+        if not self._matcher.consume_token(token):  # the mask allowed it: a matcher fault
+            raise Internal(f"the JSON grammar refused its own token: {self._matcher.get_error()}")
 
     @property
     def finished(self) -> bool:
         """The output is complete: nothing but end-of-text may follow."""
-        return self._matcher.is_stopped()
+        return self._matcher.is_stopped() and not self._matcher.is_error()
 
 
 @dataclass(frozen=True)
@@ -97,30 +98,29 @@ class SchemaCompiler:
         import llguidance
 
         key = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
-        with self._lock:
+        with self._lock:  # held only to look up and to store: compiles run side by side
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
             tokenizer = self._tokenizer()
-            try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    key, defaults={"whitespace_flexible": False}
-                )
-            except ValueError as exc:
-                raise _refusal(param, str(exc)) from None
-            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-                grammar, tokenizer
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                key, defaults={"whitespace_flexible": False}
             )
-            if failed:
-                raise _refusal(param, messages[0])
-            template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-            if template.is_error():
-                raise _refusal(param, template.get_error())
-            compiled = Grammar(template, self.vocab_size)
+        except ValueError as exc:
+            raise _refusal(param, str(exc)) from None
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if failed:
+            raise _refusal(param, messages[0])
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise _refusal(param, template.get_error())
+        compiled = Grammar(template, self.vocab_size)
+        with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > CACHED_SCHEMAS:
                 self._cache.popitem(last=False)
-            return compiled
+        return compiled
 
 
 def _refusal(param: str, reason: str) -> InvalidRequest:

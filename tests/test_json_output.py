@@ -116,6 +116,24 @@ def test_answers_follow_the_schema(server, schema, prompt):
     jsonschema.validate(json.loads(choice["message"]["content"]), schema)
 
 
+def test_a_constrained_answer_cut_by_max_tokens_says_length(server):
+    body = {"message": "Describe Tokyo as JSON.", "format": CITY, "max_tokens": 5}
+    reply = chat(server.url, body).json()
+    assert reply["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 5
+
+
+def test_compiled_schemas_are_cached(embedded_dir):
+    from transformers import AutoTokenizer
+
+    from inference.grammar import SchemaCompiler
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    compiler = SchemaCompiler(lambda use: use(tokenizer), 49152)
+    first = compiler.compile(PERSON, "format")
+    assert compiler.compile(dict(PERSON), "format") is first
+    assert compiler.compile(TICKET, "format") is not first
+
+
 def test_json_object_alone_gives_an_object(server):
     body = {
         "messages": [{"role": "user", "content": "List three fruits."}],

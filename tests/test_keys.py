@@ -11,7 +11,7 @@ import pytest
 from inference.config import Config
 from tests.fakes import FakeEngine
 from tests.httpclient import request, wait_until
-from web.auth import FailureLimiter, exposure_problem
+from web.auth import FailureLimiter, exposure_problem, guessing_unit
 from web.keys import KeyFileError, KeyRing, parse_keys
 
 KEY = "k" * 20
@@ -30,6 +30,7 @@ def test_key_file_parses_names_and_skips_comments():
     "text, says",
     [
         ("wiki:short", "at least 16"),
+        ("wiki:" + "é" * 20, "printable ASCII"),
         (f"no-colon-{KEY}", "expected 'name:key'"),
         (f":{KEY}", "expected 'name:key'"),
         (f"a b:{KEY}", "letters, digits"),
@@ -54,6 +55,13 @@ def test_failure_limiter_blocks_after_the_limit_and_forgets_after_the_window():
     assert limiter.blocked_for("10.0.0.8") == 0  # per address
     now[0] = 61.0
     assert limiter.blocked_for("10.0.0.9") == 0
+
+
+def test_the_brake_counts_ipv6_by_its_64():
+    assert guessing_unit("2001:db8:1:2::5") == guessing_unit("2001:db8:1:2:ffff::9")
+    assert guessing_unit("2001:db8:1:3::5") != guessing_unit("2001:db8:1:2::5")
+    assert guessing_unit("10.0.0.7") == "10.0.0.7" != guessing_unit("10.0.0.8")
+    assert guessing_unit("::ffff:10.0.0.7") == "10.0.0.7"
 
 
 @pytest.mark.parametrize(
@@ -113,11 +121,14 @@ def test_a_valid_key_gets_in_everywhere(keyed_server, headers):
 
 def test_only_health_is_open(keyed_server):
     assert request(keyed_server.url, "GET", "/health").status == 200
+    assert request(keyed_server.url, "HEAD", "/health").status == 200
     for method, path in (("GET", "/v1/models"), ("GET", "/nothing"), ("POST", "/health")):
         assert request(keyed_server.url, method, path).status == 401, (method, path)
 
 
 def test_repeated_failures_from_one_address_get_429(keyed_server):
+    for _ in range(12):  # no key at all is a 401, but not a guess
+        assert request(keyed_server.url, "POST", "/chat", CHAT[1]).status == 401
     wrong = {"Authorization": "Bearer " + "x" * 20}
     statuses = [
         request(keyed_server.url, "POST", "/chat", CHAT[1], headers=wrong).status for _ in range(12)

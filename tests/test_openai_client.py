@@ -128,10 +128,13 @@ def test_abandoned_stream_frees_the_worker(server):
     stream = client(server).chat.completions.create(
         model="m", messages=ASK, max_tokens=1000, stream=True
     )
+    request_id = stream.response.headers["x-request-id"]
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
     assert health(server)["busy"]
     stream.close()
     assert wait_until(lambda: not health(server)["busy"], 5)
-    assert wait_until(lambda: "status=499" in server.log(), 5)
+    assert wait_until(lambda: f"request {request_id} " in server.log(), 5)
+    [line] = [line for line in server.log().splitlines() if f"request {request_id} " in line]
+    assert "status=499" in line

@@ -17,9 +17,9 @@ from web.keys import KeyFileError, KeyRing, read_key_file
 
 log = logging.getLogger("deskchat.auth")
 
-OPEN_ROUTES = {("GET", "/health")}  # liveness for systemd and load balancers
+OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health")}  # liveness for systemd, balancers
 FAILURE_WINDOW_S = 60.0
-MAX_FAILURES = 10  # wrong or missing keys per address and window before it gets 429
+MAX_FAILURES = 10  # wrong keys per address and window before it gets 429
 MAX_TRACKED_ADDRESSES = 4096  # memory bound: the oldest addresses are forgotten first
 
 
@@ -59,6 +59,20 @@ class FailureLimiter:
                 self._failures.pop(next(iter(self._failures)))
 
 
+def guessing_unit(address: str) -> str:
+    """What the brake counts by: an IPv4 address, or an IPv6 /64 (one host can hold a whole
+    /64 and would otherwise get fresh addresses at will)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 4:
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """`Authorization: Bearer KEY`, else `X-Api-Key: KEY`."""
     scheme, _, token = headers.get("Authorization", "").strip().partition(" ")
@@ -77,19 +91,20 @@ class Gate:
         open); raises Unauthorized, or TooManyFailures for an address that keeps failing."""
         if not len(self.keys) or (method, path) in OPEN_ROUTES:
             return None
+        client = guessing_unit(client)
         wait = self.limiter.blocked_for(client)
         if wait > 0:
             raise TooManyFailures(
                 f"too many failed API key attempts from {client}; try again later", wait
             )
         presented = presented_key(headers)
-        name = self.keys.name_of(presented) if presented else None
+        if presented is None:  # not a guess: a tool not set up yet, or a browser
+            raise Unauthorized(
+                "an API key is required: send 'Authorization: Bearer KEY' (or 'X-Api-Key')"
+            )
+        name = self.keys.name_of(presented)
         if name is None:
             self.limiter.record(client)
-            if presented is None:
-                raise Unauthorized(
-                    "an API key is required: send 'Authorization: Bearer KEY' (or 'X-Api-Key')"
-                )
             raise Unauthorized("the API key is not valid")
         return name
 

@@ -22,8 +22,10 @@ STATUS = {
     "unavailable": 503,
     "timeout": 504,
 }
-# The official OpenAI client ignores a Retry-After above 60 s and gives up instead.
-MAX_RETRY_AFTER_S = 60
+# Retry-After bounds. Under a second the official OpenAI client would retry at once (it reads
+# retry-after-ms first); above 60 s older clients give up instead of waiting.
+MIN_RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 60.0
 
 
 def status_of(error: ServiceError) -> int:
@@ -33,9 +35,9 @@ def status_of(error: ServiceError) -> int:
 def headers_of(error: ServiceError) -> dict[str, str]:
     headers: dict[str, str] = {}
     if isinstance(error, Retryable):
-        wait = min(max(error.retry_after_s, 0.001), MAX_RETRY_AFTER_S)
-        headers["Retry-After"] = str(max(1, math.ceil(wait)))
-        headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
+        wait = min(max(error.retry_after_s, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
+        headers["Retry-After"] = str(math.ceil(wait))
+        headers["retry-after-ms"] = str(round(wait * 1000))
     if isinstance(error, MethodNotAllowed):
         headers["Allow"] = ", ".join(error.allowed)
     if isinstance(error, Unauthorized):

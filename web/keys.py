@@ -32,6 +32,11 @@ def parse_keys(text: str, source: str) -> dict[str, bytes]:
             raise KeyFileError(f"{where}: expected 'name:key'")
         if not set(name) <= NAME_CHARS:
             raise KeyFileError(f"{where}: a name may hold only letters, digits and . _ -")
+        if not all("!" <= c <= "~" for c in key):
+            raise KeyFileError(
+                f"{where}: the key for {name!r} must be printable ASCII without spaces "
+                "(HTTP headers carry nothing else)"
+            )
         if len(key) < MIN_KEY_CHARS:
             raise KeyFileError(
                 f"{where}: the key for {name!r} is {len(key)} characters; at least "
