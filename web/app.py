@@ -24,7 +24,7 @@ from inference.errors import (
     ServiceError,
 )
 from inference.jobs import new_request_id
-from web import chat_api, openai_api
+from web import chat_api, metrics, openai_api
 from web.auth import Gate
 from web.errors import headers_of, status_of
 from web.request_log import RequestLog
@@ -62,6 +62,17 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     @app.after_request
     def _tag(response: Response) -> Response:
         response.headers["X-Request-Id"] = g.get("request_id", "")
+        return response
+
+    counted = metrics.Metrics(config, runtime)
+
+    @app.after_request
+    def _count(response: Response) -> Response:
+        # Counted when the response closes: a stream's final status is only known then.
+        request_log, route = g.get("log"), metrics.route_of_request()
+        if request_log is not None:
+            status = response.status_code
+            response.call_on_close(lambda: counted.observe(route, request_log, status))
         return response
 
     @app.errorhandler(ServiceError)
@@ -111,4 +122,5 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     app.register_blueprint(chat_api.blueprint(config, runtime))
     app.register_blueprint(openai_api.blueprint(config, runtime))
+    app.register_blueprint(metrics.blueprint(counted))
     return app
