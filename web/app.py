@@ -24,7 +24,7 @@ from inference.errors import (
     ServiceError,
 )
 from inference.jobs import new_request_id
-from web import chat_api, metrics, openai_api
+from web import chat_api, metrics, openai_api, page
 from web.auth import Gate
 from web.errors import headers_of, status_of
 from web.request_log import RequestLog
@@ -123,4 +123,5 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     app.register_blueprint(chat_api.blueprint(config, runtime))
     app.register_blueprint(openai_api.blueprint(config, runtime))
     app.register_blueprint(metrics.blueprint(counted))
+    app.register_blueprint(page.blueprint())
     return app
