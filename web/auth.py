@@ -1,5 +1,6 @@
-"""Who may use the service: API keys on every route but `GET /health`, a brake on key
-guessing, and the rule that the service never opens itself to the LAN without keys.
+"""Who may use the service: API keys on every route but `GET /health` and the chat page's
+files, a brake on key guessing, and the rule that the service never opens itself to the LAN
+without keys.
 """
 
 from __future__ import annotations

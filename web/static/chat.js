@@ -36,7 +36,8 @@ function showModel(name) {
 // Text with ``` fences and `inline code`, built from text nodes only.
 function render(element, text) {
   element.replaceChildren();
-  text.split("```").forEach((part, i) => {
+  const parts = text.split("```");
+  parts.forEach((part, i) => {
     if (i % 2 === 1) {
       const newline = part.indexOf("\n");
       const code = document.createElement("code");
@@ -46,6 +47,9 @@ function render(element, text) {
       element.append(pre);
       return;
     }
+    // the line breaks around a code block are the block's own
+    if (i > 0) part = part.replace(/^\n/, "");
+    if (i < parts.length - 1) part = part.replace(/\n$/, "");
     for (const piece of part.split(/(`[^`\n]+`)/)) {
       if (piece.length > 2 && piece.startsWith("`") && piece.endsWith("`")) {
         const code = document.createElement("code");
