@@ -10,6 +10,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import free_port
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
 from tests.systree import skip_unless_ci
@@ -264,3 +265,52 @@ def test_promtool_accepts_the_scrape(fake_server, tmp_path):
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.strip() == b"" and checked.stderr.strip() == b"", checked
+
+
+def test_prometheus_scrapes_it_with_a_bearer_token(fake_server, tmp_path):
+    """The real Prometheus server, configured as the README shows, scrapes a keyed server."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        skip_unless_ci("prometheus (Debian package prometheus) is not installed")
+    server = fake_server(FakeEngine(token_s=0.0))
+    server.runtime.keys.replace({"prometheus": KEY.encode(), "wiki": OTHER.encode()})
+    (tmp_path / "key").write_text(KEY)
+    target = f"127.0.0.1:{server.config.port}"
+    (tmp_path / "prometheus.yml").write_text(
+        "scrape_configs:\n"
+        "  - job_name: deskchat\n"
+        "    scrape_interval: 1s\n"
+        f"    authorization: {{type: Bearer, credentials_file: {tmp_path / 'key'}}}\n"
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    wiki = {"Authorization": f"Bearer {OTHER}"}
+    assert request(server.url, "POST", "/chat", {"message": "hi"}, headers=wiki).status == 200
+    port = free_port()
+    prometheus = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api = f"http://127.0.0.1:{port}"
+    query = "/api/v1/query?query=deskchat_requests_total%7Broute%3D%22%2Fchat%22%7D"
+    try:
+
+        def scraped() -> list:
+            try:
+                return request(api, "GET", query, timeout=2).json()["data"]["result"]
+            except (OSError, ValueError, KeyError):
+                return []
+
+        assert wait_until(lambda: scraped() != [], 30, interval=0.5)
+        (result,) = scraped()
+        assert result["metric"]["key"] == "wiki" and result["value"][1] == "1"
+        targets = request(api, "GET", "/api/v1/targets").json()["data"]["activeTargets"]
+        assert [(t["health"], t["lastError"]) for t in targets] == [("up", "")]
+    finally:
+        prometheus.terminate()
+        prometheus.wait(10)
