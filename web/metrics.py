@@ -133,29 +133,29 @@ class Metrics:
             ["key"],
             registry=registry,
         )
-        self.queue_wait = Histogram(
+
+        def histogram(name: str, help: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help, buckets=buckets, registry=registry)
+
+        self.queue_wait = histogram(
             "deskchat_queue_wait_seconds",
             "Time an answered request waited in the FIFO.",
-            buckets=QUEUE_BUCKETS,
-            registry=registry,
+            QUEUE_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             "deskchat_time_to_first_token_seconds",
             "From the worker taking the job to its first token (the prompt's prefill).",
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            TTFT_BUCKETS,
         )
-        self.tpot = Histogram(
+        self.tpot = histogram(
             "deskchat_time_per_output_token_seconds",
             "Decode time per token after the first, of answers with two tokens or more.",
-            buckets=TPOT_BUCKETS,
-            registry=registry,
+            TPOT_BUCKETS,
         )
-        self.duration = Histogram(
+        self.duration = histogram(
             "deskchat_request_duration_seconds",
             "Arrival to last token of answered requests, queue wait included.",
-            buckets=REQUEST_BUCKETS,
-            registry=registry,
+            REQUEST_BUCKETS,
         )
 
     def observe(self, route: str, log: RequestLog, http_status: int) -> None:
