@@ -1,6 +1,7 @@
-"""The Flask app factory: the dialects' blueprints, /health, the API-key gate, and the one
-place errors become HTTP responses (status and headers from web/errors.py, the body in the
-shape of the route's dialect).
+"""The Flask app factory: the dialects' blueprints, /health, /metrics, the chat page, the
+API-key gate, the count of every request for the metrics, and the one place errors become
+HTTP responses (status and headers from web/errors.py, the body in the shape of the route's
+dialect).
 
 Handlers validate, hand a Job to the worker and relay its reply queue (web/relay.py). They
 never call the model.
