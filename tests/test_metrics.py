@@ -14,7 +14,7 @@ from tests.conftest import free_port
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
 from tests.systree import skip_unless_ci
-from tests.test_http import fill_queue, raw_post
+from tests.test_http import raw_post
 from tests.test_keys import KEY, OTHER
 
 V1 = "/v1/chat/completions"
@@ -144,18 +144,24 @@ def test_loading_is_counted_as_a_rejection(fake_server):
 
 def test_full_queue_rejections_and_busy_gauges(fake_server):
     server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2")
-    streams = fill_queue(server)
+    runner = Stream(server.url, {"message": "run", "max_tokens": 100_000})
+    assert server.engine.started.wait(5)
+    waiting = [raw_post(server.url, {"message": f"wait{i}"}) for i in range(2)]
+    assert wait_until(lambda: server.worker.depth == 2, 5)
     for _ in range(3):
         assert chat(server.url, {"message": "one too many"}).status == 503
     busy = scrape(server.url)
     assert value(busy, "deskchat_queue_depth") == 2
     assert value(busy, "deskchat_running_jobs") == 1
-    for s in streams:  # each leaves once it runs: three cancellations while running
-        s.close()
-    assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 10)
+    for sock in waiting:  # everyone leaves: the queued ones first, then the running one
+        sock.close()
+    runner.close()
+    assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 5)
 
     samples = settled(server.url, {("/chat", "503", ""): 3, ("/chat", "499", ""): 3})
     assert series(samples, "deskchat_rejections_total") == {(("reason", "overloaded"),): 3}
+    cancelled = series(samples, "deskchat_cancellations_total")
+    assert cancelled == {(("stage", "queued"),): 2, (("stage", "running"),): 1}
     assert value(samples, "deskchat_queue_depth") == 0
     assert value(samples, "deskchat_running_jobs") == 0
 
