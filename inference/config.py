@@ -168,7 +168,7 @@ class Config:
     api_keys_file: Path | None = _setting(
         None,
         "File of API keys, one 'name:key' per line; with keys, every route but GET /health "
-        "needs one. Re-read on SIGHUP.",
+        "and the chat page's files needs one. Re-read on SIGHUP.",
     )
     allow_unauthenticated: bool = _setting(
         False, "Allow listening on a non-loopback address with no API keys."

@@ -59,6 +59,8 @@ class Worker:
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
+        # Jobs ended because their client left, by where: read by the metrics.
+        self.cancellations = {"queued": 0, "running": 0}
 
     # -- control ----------------------------------------------------------------------------
 
@@ -157,6 +159,7 @@ class Worker:
         live: deque[Job] = deque()
         for job in self._waiting:
             if job.cancelled:
+                self._count_cancelled(job, "queued")
                 job.events.put(Failed(Cancelled("the client went away while queued")))
             elif job.expired():
                 job.events.put(Failed(self._expired_in_queue(job)))
@@ -230,6 +233,7 @@ class Worker:
         if self._stopping.is_set():
             return Failed(Unavailable("the server is stopping"))
         if job.cancelled:
+            self._count_cancelled(job, "queued")
             return Failed(Cancelled("the client went away while queued"))
         if job.expired():
             return Failed(self._expired_in_queue(job))
@@ -267,10 +271,16 @@ class Worker:
             else:
                 self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
 
+    def _count_cancelled(self, job: Job, stage: str) -> None:
+        """A job whose client left; not one its handler gave up on at the deadline (a timeout)."""
+        if not job.expired():
+            self.cancellations[stage] += 1
+
     def _interruption(self, job: Job, result: Generation) -> ServiceError:
         if self._stopping.is_set():
             return Unavailable("the server is stopping")
         if job.cancelled:
+            self._count_cancelled(job, "running")
             return Cancelled("the client went away")
         return Timeout(
             f"the request passed its {job.timeout_s:g} s deadline after "

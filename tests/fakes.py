@@ -10,12 +10,20 @@ from inference.prompt import PromptBuilder
 
 
 class FakeEngine:
-    """Emits `tokens` words, one per `token_s` seconds; records the order jobs ran in."""
+    """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops), one per `token_s`
+    seconds; records the order jobs ran in."""
 
     name = "fake"
 
-    def __init__(self, token_s: float = 0.01, fail_on: str | None = None, prefill_s: float = 0.0):
+    def __init__(
+        self,
+        token_s: float = 0.01,
+        fail_on: str | None = None,
+        prefill_s: float = 0.0,
+        reply: list[str] | None = None,
+    ):
         self.token_s = token_s
+        self.reply = reply
         self.fail_on = fail_on
         self.prefill_s = prefill_s  # an uninterruptible pause before the first token
         self.ran: list[list[int]] = []  # prompt ids, in the order generation started
@@ -35,7 +43,9 @@ class FakeEngine:
                     return Generation("interrupted", made, 0.0)
                 time.sleep(self.token_s)
                 made += 1
-                emit(f"w{made} ")
+                emit(f"w{made} " if self.reply is None else self.reply[made - 1])
+                if self.reply is not None and made == len(self.reply):
+                    return Generation("stop", made, self.token_s)
             return Generation("length", made, self.token_s)
         finally:
             self.tokens_made.append(made)

@@ -119,10 +119,17 @@ def test_a_valid_key_gets_in_everywhere(keyed_server, headers):
     assert request(keyed_server.url, "GET", "/v1/models", headers=headers).status == 200
 
 
-def test_only_health_is_open(keyed_server):
-    assert request(keyed_server.url, "GET", "/health").status == 200
+def test_only_health_and_the_page_are_open(keyed_server):
+    for path in ("/health", "/", "/assets/chat.js"):
+        assert request(keyed_server.url, "GET", path).status == 200, path
     assert request(keyed_server.url, "HEAD", "/health").status == 200
-    for method, path in (("GET", "/v1/models"), ("GET", "/nothing"), ("POST", "/health")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("GET", "/nothing"),
+        ("POST", "/health"),
+        ("POST", "/"),
+    ):
         assert request(keyed_server.url, method, path).status == 401, (method, path)
 
 

@@ -1,6 +1,7 @@
-"""The Flask app factory: the dialects' blueprints, /health, the API-key gate, and the one
-place errors become HTTP responses (status and headers from web/errors.py, the body in the
-shape of the route's dialect).
+"""The Flask app factory: the dialects' blueprints, /health, /metrics, the chat page, the
+API-key gate, the count of every request for the metrics, and the one place errors become
+HTTP responses (status and headers from web/errors.py, the body in the shape of the route's
+dialect).
 
 Handlers validate, hand a Job to the worker and relay its reply queue (web/relay.py). They
 never call the model.
@@ -24,7 +25,7 @@ from inference.errors import (
     ServiceError,
 )
 from inference.jobs import new_request_id
-from web import chat_api, openai_api
+from web import chat_api, metrics, openai_api, page
 from web.auth import Gate
 from web.errors import headers_of, status_of
 from web.proxy import client_address, parse_networks, request_id_from
@@ -66,6 +67,17 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     @app.after_request
     def _tag(response: Response) -> Response:
         response.headers["X-Request-Id"] = g.get("request_id", "")
+        return response
+
+    counted = metrics.Metrics(config, runtime)
+
+    @app.after_request
+    def _count(response: Response) -> Response:
+        # Counted when the response closes: a stream's final status is only known then.
+        request_log, route = g.get("log"), metrics.route_of_request()
+        if request_log is not None:
+            status = response.status_code
+            response.call_on_close(lambda: counted.observe(route, request_log, status))
         return response
 
     @app.errorhandler(ServiceError)
@@ -115,4 +127,6 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     app.register_blueprint(chat_api.blueprint(config, runtime))
     app.register_blueprint(openai_api.blueprint(config, runtime))
+    app.register_blueprint(metrics.blueprint(counted))
+    app.register_blueprint(page.blueprint())
     return app

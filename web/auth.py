@@ -1,5 +1,6 @@
-"""Who may use the service: API keys on every route but `GET /health`, a brake on key
-guessing, and the rule that the service never opens itself to the LAN without keys.
+"""Who may use the service: API keys on every route but `GET /health` and the chat page's
+files, a brake on key guessing, and the rule that the service never opens itself to the LAN
+without keys.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from web.keys import KeyFileError, KeyRing, read_key_file
 
 log = logging.getLogger("deskchat.auth")
 
-OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health")}  # liveness for systemd, balancers
+# Open without a key: liveness for systemd and load balancers, and the chat page's files
+# (no data in them; the page asks for a key when the API answers 401).
+OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/")}
+OPEN_PREFIXES = (("GET", "/assets/"),)
 FAILURE_WINDOW_S = 60.0
 MAX_FAILURES = 10  # wrong keys per address and window before it gets 429
 MAX_TRACKED_ADDRESSES = 4096  # memory bound: the oldest addresses are forgotten first
@@ -81,6 +85,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("X-Api-Key", "").strip() or None
 
 
+def is_open(method: str, path: str) -> bool:
+    if (method, path) in OPEN_ROUTES:
+        return True
+    return any(method == m and path.startswith(p) for m, p in OPEN_PREFIXES)
+
+
 class Gate:
     def __init__(self, keys: KeyRing, limiter: FailureLimiter | None = None):
         self.keys = keys
@@ -89,7 +99,7 @@ class Gate:
     def admit(self, method: str, path: str, headers: Mapping[str, str], client: str) -> str | None:
         """The name of the request's key (None when no keys are configured or the route is
         open); raises Unauthorized, or TooManyFailures for an address that keeps failing."""
-        if not len(self.keys) or (method, path) in OPEN_ROUTES:
+        if not len(self.keys) or is_open(method, path):
             return None
         client = guessing_unit(client)
         wait = self.limiter.blocked_for(client)

@@ -20,13 +20,16 @@ class RequestLog:
     route: str
     client: str = "-"  # the address, or the one a trusted proxy forwarded
     key_name: str | None = None
-    _written: bool = False
+    # What the line said, for the metrics counted when the response closes.
+    status: int | None = None
+    done: Done | None = None
+    error: ServiceError | None = None
 
     def finish(self, status: int, done: Done | None = None, error: ServiceError | None = None):
         """Write the line; only the first call of a request counts."""
-        if self._written:
+        if self.status is not None:
             return
-        self._written = True
+        self.status, self.done, self.error = status, done, error
         who = f" key={self.key_name}" if self.key_name else ""
         head = (
             f"request {self.request_id} route={self.route} client={self.client}{who} "
