@@ -136,18 +136,24 @@ def test_compiled_schemas_are_cached(embedded_dir):
 
 def test_json_object_alone_gives_an_object(server):
     body = {
-        "messages": [{"role": "user", "content": "List three fruits."}],
-        "max_tokens": 120,
+        "messages": [
+            {"role": "user", "content": "Return a JSON object with the fields city and country."}
+        ],
+        "max_tokens": 200,
         "response_format": {"type": "json_object"},
     }
     reply = completion(server, body)
     assert reply.status == 200, reply.body
-    assert isinstance(json.loads(reply.json()["choices"][0]["message"]["content"]), dict)
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice  # not cut by max_tokens
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
 
 
 def test_chat_format_json_and_schema(server):
-    plain = chat(server.url, {"message": "Describe a cat.", "format": "json", "max_tokens": 120})
-    assert isinstance(json.loads(plain.json()["response"]), dict)
+    ask = "Answer in JSON: an object with one key, answer, holding yes or no. Is the sky blue?"
+    plain = chat(server.url, {"message": ask, "format": "json", "max_tokens": 200}).json()
+    assert plain["finish_reason"] == "stop", plain
+    assert isinstance(json.loads(plain["response"]), dict)
     body = {"message": "Is the sky blue?", "format": YES_NO, "max_tokens": 20}
     jsonschema.validate(json.loads(chat(server.url, body).json()["response"]), YES_NO)
 

@@ -89,7 +89,10 @@ MISUSES = {
     "host not an address": (["--host", "999.1.1.1"], ["--host", "not an IP address"]),
     "host with a space": (["--host", "my pc"], ["--host", "not an IP address"]),
     "host that does not resolve": (["--host", "nosuch.invalid"], ["--host", "resolve"]),
-    "host not on this PC": (["--host", "192.0.2.1"], ["192.0.2.1", "not an address of this PC"]),
+    "host not on this PC": (
+        ["--host", "192.0.2.1", "--allow-unauthenticated"],
+        ["192.0.2.1", "not an address of this PC"],
+    ),
     "cache dir is a file": (
         lambda tmp, held: ["--model", "embedded", "--cache-dir", str(_file(tmp, held))],
         ["--cache-dir", "is a file"],
