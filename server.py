@@ -183,7 +183,23 @@ def serve(config: Config) -> int:
     return 0
 
 
+# Progress bars redraw one line with carriage returns: right on a terminal, noise in a file,
+# and the journal stores such lines as "[147B blob data]". tqdm (under modelscope's and
+# transformers' bars) reads TQDM_* when it is first imported, which main() comes before.
+PROGRESS_BARS_OFF = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def quiet_progress_bars(stream) -> None:
+    """No progress bars unless `stream` is a terminal (plain log lines tell the progress);
+    a variable the environment already sets is left as it is."""
+    if stream.isatty():
+        return
+    for name, value in PROGRESS_BARS_OFF.items():
+        os.environ.setdefault(name, value)
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_progress_bars(sys.stderr)
     try:
         config = load_config(argv)
     except ConfigError as exc:

@@ -132,6 +132,13 @@ class Config:
         16,
         1_048_576,
     )
+    max_prompt_tokens: int = _setting(
+        2048,
+        "Prompt tokens one request may bring (system text and history included); more get "
+        "413. Bounds one prefill to a few seconds on a 2-core PC (README 'Admission').",
+        1,
+        1_048_576,
+    )
     max_body_bytes: int = _setting(65536, "Largest accepted request body in bytes.", 256, 64 << 20)
     trusted_proxies: str | None = _setting(
         None,

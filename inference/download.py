@@ -25,6 +25,7 @@ import requests
 from inference.integrity import safetensors_problem
 
 log = logging.getLogger("deskchat.download")
+PROGRESS_EVERY_S = 30.0  # a line per file being fetched, this often
 
 #: Files a transformers load of a safetensors LLM reads: config, generation
 #: config, tokenizer files, chat templates and the weights.
@@ -131,6 +132,7 @@ def fetch_modelscope_model(
                 endpoint=endpoint,
                 allow_patterns=ALLOW_PATTERNS,
                 ignore_patterns=IGNORE_PATTERNS,
+                progress_callbacks=[LoggedProgress],
             )
         )
     except Exception as exc:
@@ -178,6 +180,39 @@ def _hub_said_not_found(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+class LoggedProgress:
+    """A download's progress as plain log lines (modelscope makes one per file): every
+    PROGRESS_EVERY_S while it runs, and when it is complete. Unlike a progress bar, this
+    reads well in a file and in the journal."""
+
+    def __init__(self, filename: str, file_size: int):
+        self.filename = filename
+        self.file_size = file_size
+        self.done = 0
+        self.started = self.told = time.monotonic()
+
+    def update(self, size: int) -> None:
+        self.done += size
+        now = time.monotonic()
+        if now - self.told >= PROGRESS_EVERY_S and self.file_size > 0:
+            self.told = now
+            log.info(
+                "fetching %s: %.0f of %.0f MB (%.0f%%)",
+                self.filename,
+                self.done / 1e6,
+                self.file_size / 1e6,
+                100 * self.done / self.file_size,
+            )
+
+    def end(self) -> None:
+        log.info(
+            "fetched %s (%.1f MB) in %.1f s",
+            self.filename,
+            max(self.done, self.file_size) / 1e6,
+            time.monotonic() - self.started,
+        )
 
 
 def _cached_snapshot(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,6 +30,18 @@ def native_bf16() -> bool:
         return False
 
 
+def writable_executable_memory() -> bool:
+    """False under MemoryDenyWriteExecute=yes (systemd) or prctl(PR_SET_MDWE): no mapping
+    may be writable and executable. oneDNN's bf16 kernels are JIT-compiled into such memory
+    and fail there ("could not create a primitive"); fbgemm's int8 ones map twice instead."""
+    try:
+        probe = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except OSError:
+        return False
+    probe.close()
+    return True
+
+
 def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
     """The dtype of activations and of the layers left unquantized.
 
@@ -40,9 +53,15 @@ def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if dtype == "bfloat16" and quantize == "none":
-        if native_bf16():
+        if not native_bf16():
+            log.warning("dtype bfloat16 asked for, but this CPU has no native bf16: using float32")
+        elif not writable_executable_memory():
+            log.warning(
+                "dtype bfloat16 asked for, but writable+executable memory is denied here "
+                "(MemoryDenyWriteExecute=), which oneDNN's bf16 kernels need: using float32"
+            )
+        else:
             return torch.bfloat16
-        log.warning("dtype bfloat16 asked for, but this CPU has no native bf16: using float32")
     elif dtype == "bfloat16":
         log.warning("dtype bfloat16 is only used with quantize=none: computing in float32")
     return torch.float32

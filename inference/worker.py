@@ -32,6 +32,10 @@ log = logging.getLogger("deskchat.worker")
 IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
 FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
 JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
+# Prefill (the prompt's forward pass, up to the first token) in seconds per prompt token,
+# until one has been measured: 500 tokens/s, the embedded model's rate on a 4,031-token
+# prompt on the quiet 2-core machine (7-9 s). The warm-up replaces it.
+FIRST_PREFILL_GUESS_S = 1 / 500
 
 
 class EngineLike(Protocol):
@@ -55,6 +59,7 @@ class Worker:
         self._current: Job | None = None
         self._current_picked = 0.0  # when the running job was taken
         self._job_seconds: float | None = None  # average measured job time; None: none yet
+        self._prefill_s_per_token: float | None = None  # average measured; None: none yet
         self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
@@ -137,6 +142,17 @@ class Worker:
             # A job running longer than the average is expected to end any moment.
             rest = max(0.0, per_job - (time.monotonic() - self._current_picked))
         return rest + position * per_job
+
+    def expected_prefill_s(self, prompt_tokens: int) -> float:
+        """Expected seconds of prefill (to the first token) for a prompt of that many tokens,
+        at the measured rate."""
+        per_token = self._prefill_s_per_token
+        return prompt_tokens * (FIRST_PREFILL_GUESS_S if per_token is None else per_token)
+
+    @property
+    def measured(self) -> bool:
+        """True once a job has been timed: the estimates are measurements, not guesses."""
+        return self._job_seconds is not None and self._prefill_s_per_token is not None
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
         """Run one generation in the worker thread and wait for it (used for warm-up)."""
@@ -250,6 +266,8 @@ class Worker:
             log.exception("generation failed for %s", job.id)
             return Failed(Internal(f"generation failed (request {job.id}); see the server log"))
         done_at = time.monotonic()
+        if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
+            self._measured_prefill(result.ttft_s / len(job.prompt_ids))
         if result.finish_reason == "interrupted":
             return Failed(self._interruption(job, result))
         gen_s = done_at - picked
@@ -275,6 +293,13 @@ class Worker:
         """A job whose client left; not one its handler gave up on at the deadline (a timeout)."""
         if not job.expired():
             self.cancellations[stage] += 1
+
+    def _measured_prefill(self, per_token_s: float) -> None:
+        """Fold a prefill's seconds per prompt token into the average, as _measured does."""
+        if self._prefill_s_per_token is None:
+            self._prefill_s_per_token = per_token_s
+        else:
+            self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
 
     def _interruption(self, job: Job, result: Generation) -> ServiceError:
         if self._stopping.is_set():

@@ -37,9 +37,10 @@ require_root() {
   fi
 }
 
-# True when systemd is PID 1 on the real root, so systemctl can talk to it.
+# True when systemd is PID 1, so systemctl can talk to it (under
+# DESKCHAT_SYSROOT: when the test tree has run/systemd/system).
 systemd_running() {
-  [[ -z "${SYSROOT}" && -d /run/systemd/system ]]
+  [[ -d "${SYSROOT}/run/systemd/system" ]]
 }
 
 # systemctl on unit files only (enable/disable); works without systemd as

@@ -6,6 +6,8 @@
 #   --skip-pip (or DESKCHAT_INSTALL_SKIP_PIP=1): create the venv without pip
 #   and install no packages (for tests). TORCH_INDEX=URL: extra pip index,
 #   e.g. https://download.pytorch.org/whl/cpu for the CPU-only torch wheel.
+#   The venv is built from /usr/bin/python3 (DESKCHAT_PYTHON=PATH for
+#   another); an interpreter the unit's sandbox hides is refused (exit 2).
 
 set -euo pipefail
 
@@ -15,6 +17,8 @@ readonly SRC="${HERE}/.."
 readonly APP_FILES=(server.py requirements.txt README.md inference web)
 # shellcheck source=SCRIPTDIR/install-lib.sh
 source "${HERE}/install-lib.sh"
+# shellcheck source=SCRIPTDIR/install-python.sh
+source "${HERE}/install-python.sh"
 
 # Copy SRC to DEST (with MODE, default 0644) unless the operator edited DEST:
 # then write DEST.dist.
@@ -41,15 +45,22 @@ install_keys() {
   fi
 }
 
+# Build the venv from PYTHON; a venv made from another interpreter (an
+# earlier install from a pyenv Python) is made again.
 make_venv() {
-  local venv="${SYSROOT}${PREFIX}/venv" pip_index=()
+  local venv="${SYSROOT}${PREFIX}/venv" pip_index=() without_pip=()
   [[ -n "${TORCH_INDEX:-}" ]] && pip_index=(--extra-index-url "${TORCH_INDEX}")
+  [[ -n "${SKIP_PIP}" ]] && without_pip=(--without-pip)
+  if [[ ! -x "${venv}/bin/python" ]]; then
+    run "${PYTHON}" -m venv "${without_pip[@]}" "${venv}"
+  elif [[ "$(readlink -f "${venv}/bin/python")" != "$(readlink -f "${PYTHON}")" ]]; then
+    echo "${venv} was made from $(readlink -f "${venv}/bin/python"); making it again from ${PYTHON}"
+    run "${PYTHON}" -m venv --clear "${without_pip[@]}" "${venv}"
+  fi
   if [[ -n "${SKIP_PIP}" ]]; then
-    [[ -x "${venv}/bin/python" ]] || run python3 -m venv --without-pip "${venv}"
     echo "skipped pip: ${venv} has no packages installed"
     return 0
   fi
-  [[ -x "${venv}/bin/python" ]] || run python3 -m venv "${venv}"
   run "${venv}/bin/python" -m pip install --quiet --upgrade pip
   run "${venv}/bin/python" -m pip install --quiet "${pip_index[@]}" \
     -r "${SRC}/requirements.txt"
@@ -79,8 +90,12 @@ install_units() {
       chmod 0644 "${UNIT_DIR}/${unit}"
     fi
   done
-  systemd_running && run systemctl daemon-reload
   systemctl_files enable "${UNITS[@]}"
+  # After enable: --root only writes the symlinks, and a running manager
+  # learns of them (multi-user.target wants the units) only on a reload.
+  if systemd_running; then
+    run systemctl daemon-reload
+  fi
 }
 
 main() {
@@ -91,12 +106,14 @@ main() {
       --prefix=*) PREFIX="${1#--prefix=}" ;;
       --skip-pip) SKIP_PIP=1 ;;
       --dry-run) DRY_RUN=1 ;;
-      *) sed -n '3,8s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+      *) sed -n '3,10s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
     esac
     shift
   done
   PREFIX="${PREFIX%/}"
   require_root
+  PYTHON="$(choose_python)"
+  echo "building the venv from ${PYTHON}"
   run mkdir -p "${SYSROOT}${PREFIX}" "${CONF_DIR}"
   copy_app
   make_venv

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -266,3 +267,51 @@ def test_silent_endpoint_fails_within_30_s_with_advice(tmp_path):
     assert elapsed < 30
     assert_one_line_with_advice(info.value, tmp_path)
     assert endpoint in str(info.value)
+
+
+def test_server_output_to_a_file_has_log_lines_not_progress_bars(hub, tmp_path):
+    # What the journal gets: server.py's output is not a terminal. modelscope's tqdm bars
+    # (carriage returns, cursor moves) became "[147B blob data]" there.
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as out:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "server.py",
+                "--model",
+                MODEL_ID,
+                "--modelscope-endpoint",
+                hub.url,
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--port",
+                str(closed_port()),
+            ],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("DESKCHAT_", "TQDM_"))},
+            timeout=120,
+        )
+    output = log_path.read_bytes()
+    assert done.returncode == 2  # the stand-in's weights are no model: one ERROR line
+    bar = (b"\r", b"\x1b[", b"%|")  # redraw, cursor move, tqdm's "45%|####  |"
+    assert not any(mark in output for mark in bar), output.decode(errors="replace")
+    for name in NEEDED:
+        assert f"deskchat.download: fetched {name} (".encode() in output
+
+
+def test_progress_bars_stay_on_a_terminal(monkeypatch):
+    from server import PROGRESS_BARS_OFF, quiet_progress_bars
+
+    for name in PROGRESS_BARS_OFF:
+        monkeypatch.setenv(name, "")  # restored at the end, whatever quiet_progress_bars does
+        monkeypatch.delenv(name)
+    leader, follower = os.openpty()
+    with open(follower, "w") as terminal:
+        quiet_progress_bars(terminal)
+    os.close(leader)
+    assert not any(name in os.environ for name in PROGRESS_BARS_OFF)
+    with open(os.devnull, "w") as file:
+        quiet_progress_bars(file)
+    assert all(os.environ[name] == "1" for name in PROGRESS_BARS_OFF)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,3 +257,95 @@ def test_refuses_without_root_and_sysroot(script: str) -> None:
     result = run([SYSTEM / script], None, env=SKIP_PIP, prefix=unprivileged())
     assert result.returncode == 2
     assert "run it as root" in result.stderr
+
+
+def fake_python(path: Path, executable: str, prefix: str, new_enough: bool = True) -> Path:
+    """An interpreter that reports living at `executable` (what install.sh asks it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho {executable}\necho {prefix}\necho {int(new_enough)}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("executable", "prefix", "hidden"),
+    [
+        ("/root/.pyenv/versions/3.11.9/bin/python3.11", "/root/.pyenv/versions/3.11.9", "/root"),
+        ("/home/ann/miniconda3/bin/python3.12", "/home/ann/miniconda3", "/home"),
+        ("/tmp/py/bin/python3", "/tmp/py", "/tmp"),
+        # A launcher outside, its standard library inside a home directory.
+        ("/usr/local/bin/python3.11", "/home/ann/.local/python", "/home"),
+    ],
+)
+def test_refuses_an_interpreter_the_sandbox_hides(
+    src: Path, root: Path, tmp_path: Path, executable: str, prefix: str, hidden: str
+) -> None:
+    before = snapshot(root)
+    python = fake_python(tmp_path / "bin/python3", executable, prefix)
+    result = install(src, root, env={**SKIP_PIP, "DESKCHAT_PYTHON": str(python)})
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert f"under {hidden}," in result.stderr and "203/EXEC" in result.stderr
+    assert "apt-get install python3 python3-venv" in result.stderr
+    assert "DESKCHAT_PYTHON" in result.stderr
+    assert snapshot(root) == before  # refused before anything was written
+
+
+def test_refuses_a_python_older_than_3_11(src: Path, root: Path, tmp_path: Path) -> None:
+    python = fake_python(tmp_path / "python3.9", "/usr/bin/python3.9", "/usr", new_enough=False)
+    result = install(src, root, env={**SKIP_PIP, "DESKCHAT_PYTHON": str(python)})
+    assert result.returncode == 2
+    assert "older than Python 3.11" in result.stderr
+
+
+def test_venv_comes_from_the_system_python_not_the_first_on_path(
+    src: Path, root: Path, tmp_path: Path
+) -> None:
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3 on this machine")
+    # What pyenv puts first on root's PATH: a python3 under /root.
+    shim = fake_python(tmp_path / "shims/python3", "/root/.pyenv/bin/python3", "/root/.pyenv")
+    path = f"{shim.parent}:{os.environ['PATH']}"
+    done = install(src, root, "--prefix", PREFIX, env={**SKIP_PIP, "PATH": path})
+    assert done.returncode == 0, done.stderr
+    assert "building the venv from /usr/bin/python3" in done.stdout
+    venv = root / PREFIX.lstrip("/") / "venv"
+    assert "home = /usr/bin\n" in (venv / "pyvenv.cfg").read_text()
+    assert os.path.realpath(venv / "bin/python") == os.path.realpath("/usr/bin/python3")
+
+
+def test_a_venv_from_another_interpreter_is_made_again(src: Path, root: Path) -> None:
+    other = os.path.realpath(sys.executable)
+    if other == os.path.realpath("/usr/bin/python3") or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs /usr/bin/python3 and a second interpreter")
+    venv = root / "opt/deskchat/venv"
+    subprocess.run([other, "-m", "venv", "--without-pip", str(venv)], check=True)
+    done = install(src, root, env=SKIP_PIP)
+    assert done.returncode == 0, done.stderr
+    assert "making it again from /usr/bin/python3" in done.stdout
+    assert os.path.realpath(venv / "bin/python") == os.path.realpath("/usr/bin/python3")
+
+
+def test_a_running_systemd_reloads_after_the_units_are_enabled(
+    src: Path, root: Path, tmp_path: Path
+) -> None:
+    """`systemctl --root=/ enable` only writes symlinks; the running manager sees them (and
+    starts the units with multi-user.target) only after a daemon-reload that follows it."""
+    real = shutil.which("systemctl")
+    if real is None:
+        pytest.skip("systemctl is needed for --root enable")
+    (root / "run/systemd/system").mkdir(parents=True)  # systemd is PID 1 in this tree
+    calls = tmp_path / "systemctl.log"
+    fake = tmp_path / "bin/systemctl"
+    fake.parent.mkdir()
+    fake.write_text(
+        f'#!/bin/sh\necho "$*" >>{calls}\ncase "$1" in --root=*) exec {real} "$@" ;; esac\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    path = f"{fake.parent}:{os.environ['PATH']}"
+    done = install(src, root, env={**SKIP_PIP, "PATH": path})
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    enable = next(i for i, line in enumerate(lines) if " enable " in f" {line} ")
+    assert "daemon-reload" in lines[enable + 1 :], lines
+    assert "daemon-reload" not in lines[:enable], lines

@@ -18,8 +18,17 @@ from typing import Protocol
 from flask import Response
 
 from inference.config import Config
-from inference.errors import Cancelled, InvalidRequest, Loading, ServiceError, Timeout
+from inference.errors import (
+    Cancelled,
+    InvalidRequest,
+    Loading,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    Timeout,
+)
 from inference.jobs import Delta, Done, Event, Failed, Job, Sampling
+from inference.worker import Worker
 from web.errors import status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
@@ -29,6 +38,9 @@ POLL_S = 0.05  # how often a waiting handler looks at its client and its job
 # A running job's deadline is enforced by the worker between tokens; this is only the
 # handler's guard against a generation step that never returns.
 RUNNING_GRACE_S = 5.0
+# Admission refuses only when the estimate of queue wait plus prefill passes the deadline by
+# more than this factor: the rates are averages, and a request that might fit is let in.
+ADMIT_SLACK = 1.25
 
 
 def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_id: str) -> Job:
@@ -46,6 +58,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         grammar = runtime.grammars.compile(chat_request.json.schema, chat_request.json.param)
     prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system)
     runtime.prompts.check_fits(len(prompt_ids))
+    admit(len(prompt_ids), config, runtime.worker)
     wanted = chat_request.max_tokens or config.max_tokens_default
     sampling = Sampling(
         max_tokens=min(wanted, config.max_tokens_cap),  # the engine also bounds it by context
@@ -57,6 +70,36 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
+
+
+def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
+    """Refuse now a prompt over the budget (413), one whose prefill alone could never end
+    within the deadline (413), or one that cannot get its first token before the deadline
+    behind the queue ahead (503, retry when enough of the queue has drained). Queue wait and
+    prefill come from the worker's measured averages; before anything was measured only the
+    budget applies. The answer's own decode is not counted: max_tokens is a ceiling."""
+    if prompt_tokens > config.max_prompt_tokens:
+        raise PayloadTooLarge(
+            f"the prompt is {prompt_tokens} tokens; this server takes at most "
+            f"{config.max_prompt_tokens} prompt tokens per request (--max-prompt-tokens)"
+        )
+    if not worker.measured:
+        return
+    deadline_s = config.request_timeout
+    prefill_s = worker.expected_prefill_s(prompt_tokens)
+    if prefill_s > deadline_s * ADMIT_SLACK:
+        raise PayloadTooLarge(
+            f"the prompt is {prompt_tokens} tokens; at the measured "
+            f"{prompt_tokens / prefill_s:.0f} prompt tokens/s its prefill alone takes about "
+            f"{prefill_s:.1f} s, more than the {deadline_s:g} s request deadline"
+        )
+    wait_s = worker.expected_start_s(worker.depth)
+    if wait_s + prefill_s > deadline_s * ADMIT_SLACK:
+        raise Overloaded(
+            f"the queue ahead needs about {wait_s:.1f} s and this prompt's prefill "
+            f"{prefill_s:.1f} s, more than the {deadline_s:g} s request deadline; retry later",
+            retry_after_s=wait_s + prefill_s - deadline_s,
+        )
 
 
 def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
