@@ -245,12 +245,11 @@ class CheckpointReader:
 
 
 def _scaled_blocks(blocks, column_scale: torch.Tensor | None):
-    """Row blocks as float32, columns multiplied by `column_scale` (smoothing of lm_head);
+    """Row blocks, columns multiplied by `column_scale` in float32 (smoothing of lm_head);
     each freed before the next is read."""
     for start, block in blocks:
-        block = block.float()
         if column_scale is not None:
-            block.mul_(column_scale)
+            block = block.float().mul_(column_scale)
         yield start, block
         del block
         _trim_malloc()

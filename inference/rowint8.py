@@ -40,11 +40,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, amax.div_(127.0)
 
 
+# Weight rows quantized at a time: the float temporaries stay a few MB.
+ROWS_PER_CHUNK = 4096
+
+
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 [N, K], float32 scale [N]): symmetric, one scale per output channel."""
-    w = weight.detach().to(torch.float32, copy=True)
-    scale = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
-    q = w.div_(scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    n = weight.shape[0]
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(n, dtype=torch.float32)
+    for start in range(0, n, ROWS_PER_CHUNK):
+        rows = slice(start, start + ROWS_PER_CHUNK)
+        w = weight.detach()[rows].to(torch.float32, copy=True)
+        s = torch.linalg.vector_norm(w, float("inf"), dim=1).div_(127.0).clamp_(min=1e-12)
+        q[rows] = w.div_(s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        scale[rows] = s
     return q, scale
 
 
