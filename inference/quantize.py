@@ -2,8 +2,10 @@
 
 Quantized models are built layer by layer straight from the safetensors files: one decoder
 layer's float weights exist at a time (read, calibrated, smoothed, quantized, freed), so the
-peak memory stays near the size of the quantized model instead of the float one. It knows
-nothing of tokenizers, prompts or the decode loop.
+peak memory stays near the size of the quantized model instead of the float one. int8 uses
+the batch-invariant per-row Linear of inference/rowint8.py (fused q/k/v and gate/up) where its
+self-check passes, and torch.ao's dynamic int8 Linear otherwise. It knows nothing of
+tokenizers, prompts or the decode loop.
 """
 
 from __future__ import annotations
@@ -261,6 +263,17 @@ class CheckpointReader:
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
+def _scaled_blocks(blocks, column_scale: torch.Tensor | None):
+    """Row blocks, columns multiplied by `column_scale` in float32 (smoothing of lm_head);
+    each freed before the next is read."""
+    for start, block in blocks:
+        if column_scale is not None:
+            block = block.float().mul_(column_scale)
+        yield start, block
+        del block
+        _trim_malloc()
+
+
 # Architectures whose decoder is plain embed -> layers -> norm, which the layer-by-layer
 # build reproduces exactly (Gemma, for one, scales its embedding and is not among them).
 LAYERWISE_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -294,9 +307,10 @@ def load_quantized(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from inference import smooth
+    from inference import rowint8, smooth
 
     target = compute_dtype(quantize, dtype)
+    per_row = quantize == "int8" and rowint8.available()
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
         return _load_then_quantize(folder, quantize, target)
@@ -317,6 +331,7 @@ def load_quantized(
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
     calibrate = quantize == "int8" and calibration_ids is not None
+    alpha = smooth.ROW_ALPHA if per_row else smooth.ALPHA
     hidden = position = None
     if calibrate:
         hidden = embed(calibration_ids)
@@ -330,12 +345,15 @@ def load_quantized(
                 smooth.record_input_absmax([g[2][0] for g in groups]) as absmax,
             ):
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position)
-            smooth.smooth_layer(groups, absmax)
+            smooth.smooth_layer(groups, absmax, alpha)
         elif calibrate:
             log.warning("layer %d is not Llama-style: int8 without smoothing", i)
             with torch.inference_mode():
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position)
-        quantize_linears(layer, quantize)
+        if not (per_row and rowint8.quantize_decoder_layer(layer)):
+            if per_row:
+                log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
+            quantize_linears(layer, quantize)
         _trim_malloc()
     decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
     # lm_head gets its own quantized copy (from the checkpoint's table, block by block): with
@@ -351,14 +369,20 @@ def load_quantized(
         wmax = torch.zeros_like(absmax)
         for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             torch.maximum(wmax, smooth.column_absmax(block), out=wmax)
-        head_scale = smooth.scales_from_wmax(absmax, wmax)
+        head_scale = smooth.scales_from_wmax(absmax, wmax, alpha)
         smooth.divide_source(decoder.norm, "norm", head_scale)
-    parts = []
-    for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
-        parts.append(quantized_linear(block, None, quantize, head_scale))
-        del block
-        _trim_malloc()
-    model.lm_head = parts[0] if len(parts) == 1 else SplitLinear(parts)
+    blocks = reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16)
+    if per_row:
+        model.lm_head = rowint8.RowInt8Linear.from_blocks(
+            config.hidden_size, _scaled_blocks(blocks, head_scale)
+        )
+    else:
+        parts = []
+        for _start, block in blocks:
+            parts.append(quantized_linear(block, None, quantize, head_scale))
+            del block
+            _trim_malloc()
+        model.lm_head = parts[0] if len(parts) == 1 else SplitLinear(parts)
     model.config.tie_word_embeddings = False
     leftovers = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftovers:
@@ -367,9 +391,10 @@ def load_quantized(
     _trim_malloc()
     _mmap_threshold(32 << 20)
     log.info(
-        "built %s with int Linear layers (%s, lm_head included%s); compute in %s",
+        "built %s with int Linear layers (%s%s, lm_head included%s); compute in %s",
         folder.name,
         quantize,
+        ", per-row activation scales, fused q/k/v and gate/up" if per_row else "",
         ", smoothed" if calibrate else "",
         str(target).removeprefix("torch."),
     )

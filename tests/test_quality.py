@@ -13,6 +13,11 @@ import pytest
 import torch
 
 LOGIT_TOLERANCE = 2.0
+# Mean KL(fp32 || int8) of the next-token distribution and top-1 agreement, teacher-forced
+# on fp32's answers (llama.cpp's measure, issue 10). Measured on 7 questions: per-row int8
+# 0.017 and 0.96, torch.ao int8 (one scale per forward) 0.19 and 0.83.
+MAX_MEAN_KL = 0.05
+MIN_TOP1_AGREEMENT = 0.92
 NEW_TOKENS = 24
 QUESTIONS = [
     "What is the capital of France?",
@@ -76,13 +81,23 @@ def prompt(tokenizer, question: str) -> list[int]:
     return list(encoded["input_ids"])
 
 
+@pytest.fixture(scope="module")
+def fp32_answers(tokenizer, fp32_model):
+    """question -> (prompt ids, fp32's greedy answer, its logits at each answer token)."""
+    stop = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    out = {}
+    for question in QUESTIONS:
+        ids = prompt(tokenizer, question)
+        out[question] = (ids, *greedy(fp32_model, ids, stop))
+    return out
+
+
 @pytest.mark.parametrize("question", QUESTIONS)
 def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
-    question, tokenizer, fp32_model, int8_model
+    question, tokenizer, fp32_answers, int8_model
 ):
-    ids = prompt(tokenizer, question)
+    ids, want, want_logits = fp32_answers[question]
     stop = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    want, want_logits = greedy(fp32_model, ids, stop)
     got, _ = greedy(int8_model, ids, stop)
     if got == want:
         return
@@ -94,6 +109,20 @@ def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
         f"rates {behind:.2f} logits below its {tokenizer.decode([want[k]])!r}; "
         f"fp32: {tokenizer.decode(want)!r}, int8: {tokenizer.decode(got)!r}"
     )
+
+
+@torch.inference_mode()
+def test_int8_next_token_distribution_stays_close_to_fp32(fp32_answers, fp32_model, int8_model):
+    kl, agree, count = 0.0, 0, 0
+    for ids, answer, _ in fp32_answers.values():
+        text = torch.tensor([ids + answer[:-1]])  # each answer token predicted from fp32's past
+        want = fp32_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
+        got = int8_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
+        kl += float((want.exp() * (want - got)).sum())
+        agree += int((want.argmax(-1) == got.argmax(-1)).sum())
+        count += len(answer)
+    assert kl / count < MAX_MEAN_KL, f"mean KL {kl / count:.4f} over {count} tokens"
+    assert agree / count >= MIN_TOP1_AGREEMENT, f"top-1 agreement {agree / count:.3f}"
 
 
 def test_int8_knows_the_capital_of_france(tokenizer, int8_model):

@@ -1,0 +1,257 @@
+"""Batch-invariant int8 Linear: one activation scale per row, on oneDNN's int8 GEMM.
+
+Each row of the input is quantized on its own (symmetric, max |x| of the row -> 127), the
+weight once at load (symmetric, one scale per output channel), and the integer product runs
+on `torch.ops.onednn.qlinear_pointwise` with a weight prepacked once. A row's output is then
+bitwise the same whatever other rows share the forward (several requests' decode steps in
+one batch, issue 9), which the torch.ao dynamic Linear (one scale for the whole input) does
+not give. The ops are internal to torch, so `available()` checks at load that they exist
+and are batch-invariant here; the loader (inference/quantize.py) falls back to the torch.ao
+Linear when not.
+
+q/k/v and gate/up are fused (one weight, one quantization of the input, one GEMM) behind
+`FusedParts`: the decoder's own forward still calls q_proj(x), k_proj(x), v_proj(x), and each
+gets its slice of the one product. The fusion is not optional with this op: oneDNN took 4-8 ms
+for the lone N=128 k/v projections at M <= 2 (/tmp/research9, issue 9). This module knows
+nothing of checkpoints or smoothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger("deskchat.rowint8")
+
+# Output rows packed per oneDNN weight: a 151936-row lm_head is packed in parts, so that its
+# float, int8 and packed copies never exist whole at once while loading.
+ROWS_PER_PACK = 16384
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [M, K], float32 scale [M, 1]) for a float [M, K]: symmetric, one scale per row.
+    Every op works row by row, so a row's result does not depend on the others."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).float()
+    amax.clamp_(min=1e-12)  # an all-zero row quantizes to zeros with a harmless scale
+    q = (x * (127.0 / amax)).round_().to(torch.int8)
+    return q, amax.div_(127.0)
+
+
+# Weight rows quantized at a time: the float temporaries stay a few MB.
+ROWS_PER_CHUNK = 4096
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], float32 scale [N]): symmetric, one scale per output channel."""
+    n = weight.shape[0]
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(n, dtype=torch.float32)
+    for start in range(0, n, ROWS_PER_CHUNK):
+        rows = slice(start, start + ROWS_PER_CHUNK)
+        w = weight.detach()[rows].to(torch.float32, copy=True)
+        s = torch.linalg.vector_norm(w, float("inf"), dim=1).div_(127.0).clamp_(min=1e-12)
+        q[rows] = w.div_(s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        scale[rows] = s
+    return q, scale
+
+
+class RowInt8Linear(nn.Module):
+    """Drop-in for nn.Linear (inference only, float32 in and out), batch-invariant per row.
+
+    The weight is given in blocks of output rows (`from_blocks`) so that a big one (the
+    lm_head) is quantized and packed a block at a time; the input is quantized once per call
+    whatever the number of packed parts.
+    """
+
+    def __init__(self, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = 0
+        # Packed oneDNN weights are opaque tensors: plain attributes, not buffers, so that
+        # state_dict() and .to() never see them.
+        self._packed: list[torch.Tensor] = []
+        self._scales: list[torch.Tensor] = []
+        self._zeros: list[torch.Tensor] = []
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> RowInt8Linear:
+        rows = weight.shape[0]
+        blocks = ((s, weight[s : s + ROWS_PER_PACK]) for s in range(0, rows, ROWS_PER_PACK))
+        return cls.from_blocks(weight.shape[1], blocks, bias)
+
+    @classmethod
+    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None):
+        """`blocks` yields (first row, float block [n, in_features]) in order."""
+        linear = cls(in_features, bias)
+        for _start, block in blocks:
+            linear._add_block(block)
+        return linear
+
+    def _add_block(self, block: torch.Tensor) -> None:
+        q, scale = quantize_weight(block)
+        self._packed.append(torch.ops.onednn.qlinear_prepack(q, None))
+        del q
+        self._scales.append(scale)
+        self._zeros.append(torch.zeros(block.shape[0], dtype=torch.int64))
+        self.out_features += block.shape[0]
+
+    def _gemm(self, q: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        outs = [
+            torch.ops.onednn.qlinear_pointwise(
+                q, 1.0, 0, packed, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+            )
+            for packed, scale, zeros in zip(self._packed, self._scales, self._zeros, strict=True)
+        ]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        # Separate in-place ops, no fused multiply-add: the same arithmetic for every row.
+        y.mul_(row_scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        y = self._gemm(*quantize_rows(flat))
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}, out={self.out_features}, packs={len(self._packed)}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class FusedParts(nn.Module):
+    """One RowInt8Linear over several projections of the same input (q/k/v, gate/up).
+
+    `part(i)` is the module that stands in for projection i: called with the input, it
+    returns its slice of the fused product, computed once for that input tensor (by identity)
+    and dropped when every part has taken its slice. A part called with another tensor
+    (a forward that does not feed all parts the same input) still gets the right answer,
+    only without the saving.
+    """
+
+    def __init__(self, linear: RowInt8Linear, sizes: list[int]):
+        super().__init__()
+        self.linear = linear
+        self.sizes = sizes
+        self._input: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] = ()
+        self._taken: set[int] = set()
+
+    def slice_for(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if self._input is not x or index in self._taken:
+            self._input = x
+            self._outputs = self.linear(x).split(self.sizes, dim=-1)
+            self._taken = set()
+        out = self._outputs[index]
+        self._taken.add(index)
+        if len(self._taken) == len(self.sizes):  # all taken: hold no activations between calls
+            self._input, self._outputs, self._taken = None, (), set()
+        return out
+
+    def part(self, index: int) -> FusedPart:
+        return FusedPart(self, index)
+
+    def extra_repr(self) -> str:
+        return f"sizes={self.sizes}"
+
+
+class FusedPart(nn.Module):
+    """Projection `index` of a FusedParts (not registered as a child, so the fused weight
+    appears once in the module tree)."""
+
+    def __init__(self, fused: FusedParts, index: int):
+        super().__init__()
+        self._fused = [fused]  # a list hides it from nn.Module's child registration
+        self.index = index
+        self.out_features = fused.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused[0].slice_for(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"part {self.index} of the fused projection, out={self.out_features}"
+
+
+def fuse(owner: nn.Module, names: list[str], fused_name: str) -> None:
+    """Replace owner's nn.Linear projections `names` (same input) by parts of one fused
+    RowInt8Linear, registered on owner as `fused_name`."""
+    linears = [getattr(owner, n) for n in names]
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat(
+            [
+                b.detach().float() if b is not None else torch.zeros(lin.out_features)
+                for b, lin in zip(biases, linears, strict=True)
+            ]
+        )
+    sizes = [lin.out_features for lin in linears]
+    fused = FusedParts(RowInt8Linear.from_weight(weight, bias), sizes)
+    del weight
+    setattr(owner, fused_name, fused)
+    for i, name in enumerate(names):
+        setattr(owner, name, fused.part(i))
+
+
+def quantize_decoder_layer(layer: nn.Module) -> bool:
+    """Llama/Qwen2-style layer: fused q/k/v and gate/up, o_proj and down_proj each their
+    own, all RowInt8Linear. False (layer untouched) when the layer is not of that shape."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    qkv, gate_up = ["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"]
+    wanted = [(attn, n) for n in [*qkv, "o_proj"]] + [(mlp, n) for n in [*gate_up, "down_proj"]]
+    if not all(type(getattr(m, n, None)) is nn.Linear for m, n in wanted):
+        return False
+    fuse(attn, qkv, "qkv_proj")
+    fuse(mlp, gate_up, "gate_up_proj")
+    for module, name in [(attn, "o_proj"), (mlp, "down_proj")]:
+        linear = getattr(module, name)
+        setattr(module, name, RowInt8Linear.from_weight(linear.weight, linear.bias))
+    return True
+
+
+def _self_check() -> None:
+    """Raises unless the ops exist and give batch-invariant, plausible results here."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=gen)
+    bias = torch.randn(48, generator=gen)
+    x = torch.randn(5, 64, generator=gen)
+    x[:, 0] *= 30  # an outlier channel, rows of different sizes
+    x *= torch.arange(1, 6)[:, None]
+    linear = RowInt8Linear.from_weight(weight, bias)
+    together = linear(x)
+    for i in range(x.shape[0]):
+        if not torch.equal(linear(x[i : i + 1]), together[i : i + 1]):
+            raise RuntimeError(f"row {i} alone differs from the same row in a batch")
+    want = x @ weight.T + bias
+    error = float((together - want).abs().max() / want.abs().max())
+    if not error < 0.05:
+        raise RuntimeError(f"result off by {error:.3f} of its range")
+
+
+@functools.cache
+def available() -> bool:
+    """True when the per-row int8 Linear works on this machine (checked once per process);
+    otherwise one WARNING line says why."""
+    try:
+        with torch.inference_mode():
+            _self_check()
+    except Exception as exc:  # missing op (AttributeError, RuntimeError), unsupported CPU, ...
+        detail = " ".join(str(exc).split())[:200]
+        log.warning(
+            "per-row int8 Linear unavailable here (%s: %s): using torch.ao dynamic int8, "
+            "whose answers depend on the other rows of a batch",
+            type(exc).__name__,
+            detail,
+        )
+        return False
+    return True
