@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
-from inference import quantize, rowint8, smooth
+from inference import quantize, smooth
 
 
 def cpu_ms(f) -> float:
@@ -34,14 +34,10 @@ def main() -> None:
     folder = folder.expanduser()
     tok = AutoTokenizer.from_pretrained(folder)
     cal = tok(smooth.CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-    models = {"per_row": quantize.load_quantized(folder, "int8", "auto", cal)}
-
-    def unavailable():
-        raise RuntimeError("measuring the torch.ao path")
-
-    rowint8.available.cache_clear()
-    rowint8._self_check = unavailable
-    models["torch_ao"] = quantize.load_quantized(folder, "int8", "auto", cal)
+    models = {
+        "per_row": quantize.load_quantized(folder, "int8-row", "auto", cal),
+        "torch_ao": quantize.load_quantized(folder, "int8", "auto", cal),
+    }
     gen = torch.Generator().manual_seed(0)
     vocab = models["per_row"].config.vocab_size
     results = {}

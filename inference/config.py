@@ -19,7 +19,7 @@ from pathlib import Path
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
-QUANTIZE_CHOICES = ("none", "int8", "int4")
+QUANTIZE_CHOICES = ("none", "int8", "int8-row", "int4")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -100,7 +100,8 @@ class Config:
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
     quantize: str = _setting(
         "int8",
-        "Linear layers (lm_head too) as none (float), int8 (dynamic, smoothed) or int4 "
+        "Linear layers (lm_head too) as none (float), int8 (dynamic, smoothed), int8-row "
+        "(per-row scales: batch-invariant, closer to fp32, slower so far) or int4 "
         "(weight-only); README 'Speed' has each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )

@@ -161,7 +161,7 @@ def quantized_linear(
     quantize: str,
     column_scale: torch.Tensor | None = None,
 ) -> nn.Module:
-    if quantize == "int8":
+    if quantize in ("int8", "int8-row"):  # int8-row reaches here only as its fallback
         return _int8_linear(weight, bias, column_scale)
     if column_scale is not None:
         weight = weight.float() * column_scale
@@ -310,7 +310,7 @@ def load_quantized(
     from inference import rowint8, smooth
 
     target = compute_dtype(quantize, dtype)
-    per_row = quantize == "int8" and rowint8.available()
+    per_row = quantize == "int8-row" and rowint8.available()
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
         return _load_then_quantize(folder, quantize, target)
@@ -330,7 +330,7 @@ def load_quantized(
     embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
-    calibrate = quantize == "int8" and calibration_ids is not None
+    calibrate = quantize in ("int8", "int8-row") and calibration_ids is not None
     alpha = smooth.ROW_ALPHA if per_row else smooth.ALPHA
     hidden = position = None
     if calibrate:

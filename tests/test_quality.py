@@ -47,13 +47,23 @@ def fp32_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="module")
-def int8_model(model_dir, tokenizer):
+def load_int8(model_dir, tokenizer, quantize: str):
     from inference.quantize import load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-    return load_quantized(model_dir, "int8", "auto", calibration)
+    return load_quantized(model_dir, quantize, "auto", calibration)
+
+
+@pytest.fixture(scope="module", params=["int8", "int8-row"])
+def int8_model(model_dir, tokenizer, request):
+    """Both int8 paths: the default (torch.ao) and the per-row one."""
+    return load_int8(model_dir, tokenizer, request.param)
+
+
+@pytest.fixture(scope="module")
+def row_model(model_dir, tokenizer):
+    return load_int8(model_dir, tokenizer, "int8-row")
 
 
 @torch.inference_mode()
@@ -112,12 +122,14 @@ def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
 
 
 @torch.inference_mode()
-def test_int8_next_token_distribution_stays_close_to_fp32(fp32_answers, fp32_model, int8_model):
+def test_per_row_int8_next_token_distribution_stays_close_to_fp32(
+    fp32_answers, fp32_model, row_model
+):
     kl, agree, count = 0.0, 0, 0
     for ids, answer, _ in fp32_answers.values():
         text = torch.tensor([ids + answer[:-1]])  # each answer token predicted from fp32's past
         want = fp32_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
-        got = int8_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
+        got = row_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
         kl += float((want.exp() * (want - got)).sum())
         agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         count += len(answer)

@@ -121,7 +121,7 @@ def tiny_dir(tmp_path_factory):
 def load_tiny(folder):
     from inference.quantize import load_quantized
 
-    return load_quantized(folder, "int8", "auto", torch.arange(1, 40)[None])
+    return load_quantized(folder, "int8-row", "auto", torch.arange(1, 40)[None])
 
 
 @pytest.fixture(scope="module")
