@@ -137,7 +137,10 @@ def test_compiled_schemas_are_cached(embedded_dir):
 def test_json_object_alone_gives_an_object(server):
     body = {
         "messages": [
-            {"role": "user", "content": "Return a JSON object with the fields city and country."}
+            {
+                "role": "user",
+                "content": "Return a JSON object with the fields city and country for Paris.",
+            }
         ],
         "max_tokens": 200,
         "response_format": {"type": "json_object"},
