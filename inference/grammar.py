@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     import torch
 
 # llguidance's Rust thread pool would spin beside torch's two OpenMP threads on a 2-core PC;
-# one matcher per step needs no pool. Measured: a schema cost 1.69x the time per token with
-# the default pool and 0.98x with one thread (README "JSON answers"). Set before first use.
+# one matcher per step needs no pool. Measured on a shared machine (load average 3): a schema
+# cost 1.69x the time per token with the default pool, 0.98x with one thread (README "JSON
+# answers"); to be re-measured quietly. Set before first use.
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 CACHED_SCHEMAS = 64
@@ -33,15 +34,19 @@ class Constraint:
     """One run's grammar state: the mask for the next token, and the tokens taken so far."""
 
     def __init__(self, matcher, vocab_size: int):
+        import numpy as np  # here, so the web side can import this module without torch
+
         self._matcher = matcher
         self._vocab_size = vocab_size
+        self._np = np
+        self._bias = np.array([-np.inf, 0.0], dtype=np.float32)  # by allowed bit: 0 or 1
 
     def mask_(self, logits: torch.Tensor) -> torch.Tensor:
         """Set every token the grammar does not allow next to -inf, in place; InvalidRequest
         when it allows none (a schema no value can satisfy, e.g. minimum above maximum)."""
-        import numpy as np  # here, so the web side can import this module without torch
         import torch
 
+        np = self._np
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
         if self._matcher.is_error() or not allowed.any():
@@ -50,7 +55,7 @@ class Constraint:
             # Adding 0 or -inf in numpy: the whole mask step takes about 0.6 ms for Qwen's
             # 151,936 logits, where torch's masked_fill_ alone took 1.4-8 ms here.
             values = logits.numpy()
-            np.add(values, np.array([-np.inf, 0.0], dtype=np.float32)[allowed], out=values)
+            np.add(values, self._bias[allowed], out=values)
             return logits
         return logits.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
 

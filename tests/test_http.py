@@ -270,6 +270,13 @@ def raw_post(url: str, body: dict) -> socket.socket:
     return sock
 
 
+def queue_raw_clients(server, names: list[str]) -> list[socket.socket]:
+    """Behind the job running now, one queued request per name on a raw socket to close."""
+    socks = [raw_post(server.url, {"message": name}) for name in names]
+    assert wait_until(lambda: server.worker.depth == len(names), 5)
+    return socks
+
+
 def leave_a_stream(server) -> None:
     stream = Stream(server.url, {"message": "long", "max_tokens": 100_000})
     events = stream.events()
@@ -310,8 +317,7 @@ def test_clients_that_left_the_queue_never_cause_a_503(fake_server):
     server = fake_server(FakeEngine(token_s=0.02), "--max-queue", "2")
     runner = Stream(server.url, {"message": "run", "max_tokens": 40})
     assert server.engine.started.wait(5)
-    socks = [raw_post(server.url, {"message": f"gone{i}"}) for i in range(2)]
-    assert wait_until(lambda: server.worker.depth == 2, 2)
+    socks = queue_raw_clients(server, ["gone0", "gone1"])
     for sock in socks:
         sock.close()
     assert wait_until(lambda: server.worker.depth == 0, 1)  # at once, not after `run`

@@ -14,7 +14,7 @@ from tests.conftest import free_port
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
 from tests.systree import skip_unless_ci
-from tests.test_http import raw_post
+from tests.test_http import queue_raw_clients, raw_post
 from tests.test_keys import KEY, OTHER
 
 V1 = "/v1/chat/completions"
@@ -146,8 +146,7 @@ def test_full_queue_rejections_and_busy_gauges(fake_server):
     server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2")
     runner = Stream(server.url, {"message": "run", "max_tokens": 100_000})
     assert server.engine.started.wait(5)
-    waiting = [raw_post(server.url, {"message": f"wait{i}"}) for i in range(2)]
-    assert wait_until(lambda: server.worker.depth == 2, 5)
+    waiting = queue_raw_clients(server, ["wait0", "wait1"])
     for _ in range(3):
         assert chat(server.url, {"message": "one too many"}).status == 503
     busy = scrape(server.url)
@@ -183,8 +182,7 @@ def test_cancellations_by_stage(fake_server):
     # queued: two requests that leave while a third runs
     runner = Stream(server.url, {"message": "run", "max_tokens": 40})
     assert wait_until(lambda: server.worker.busy, 2)
-    socks = [raw_post(server.url, {"message": f"gone{i}"}) for i in range(2)]
-    assert wait_until(lambda: server.worker.depth == 2, 2)
+    socks = queue_raw_clients(server, ["gone0", "gone1"])
     for s in socks:
         s.close()
     list(runner.events())

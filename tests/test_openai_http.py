@@ -4,6 +4,7 @@ shapes, fields, errors, the exact SSE bytes. The official client runs in test_op
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -160,8 +161,6 @@ def dechunk(raw: bytes) -> tuple[bytes, bytes]:
 
 
 def test_stream_bytes_end_with_done_and_the_connection_closes(fake_server):
-    import json
-
     server = fake_server(FakeEngine(token_s=0.001))
     head, body = dechunk(sse_bytes(server, b'"max_tokens": 2'))
     assert b"text/event-stream" in head

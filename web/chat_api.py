@@ -18,10 +18,8 @@ from web.relay import sse_frame
 from web.runtime import Runtime
 from web.validation import ROLES, ChatRequest
 
-FIELDS = {
-    *("message", "messages", "system", "max_tokens", "temperature", "top_p"),
-    *("stream", "stop", "seed", "format"),
-}
+FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p", "stream"}
+FIELDS |= {"stop", "seed", "format"}
 
 
 def error_body(error: ServiceError, status: int) -> dict:
