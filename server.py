@@ -130,7 +130,7 @@ def serve(config: Config) -> int:
         runtime.status = text
         notifier.status(text)
 
-    worker = Worker(None, config.max_queue)
+    worker = Worker(None, config.max_queue, config.max_batch, config.batch_memory_mb * 1024 * 1024)
     prompts = None
 
     def load():  # runs in the inference thread: the model is built where it will run

@@ -99,10 +99,11 @@ class Config:
     cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
     quantize: str = _setting(
-        "int8",
-        "Linear layers (lm_head too) as none (float), int8 (dynamic, smoothed), int8-row "
-        "(per-row scales: batch-invariant, closer to fp32, slower so far) or int4 "
-        "(weight-only); README 'Speed' has each one's measured effect.",
+        "int8-row",
+        "Linear layers (lm_head too) as none (float), int8-row (per-row activation scales: "
+        "batch-invariant answers, closest to float; needs it for --max-batch above 1), int8 "
+        "(dynamic, one scale per forward, smoothed) or int4 (weight-only); README 'Speed' "
+        "has each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )
     dtype: str = _setting(
@@ -117,7 +118,21 @@ class Config:
         "(off: it slows fresh prompts more than it speeds follow-ups; README 'Speed').",
     )
     max_queue: int = _setting(
-        4, "Jobs that may wait behind the running one; more get 503.", 1, 1000
+        4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000
+    )
+    max_batch: int = _setting(
+        4,
+        "Jobs generated side by side in one batch (continuous batching; README 'Several "
+        "users at once' has the measured curve). 1 runs one job at a time.",
+        1,
+        64,
+    )
+    batch_memory_mb: int = _setting(
+        512,
+        "MB of KV cache for all running jobs; a job whose prompt plus max_tokens would not "
+        "fit waits in the queue until running ones end (a job alone always runs).",
+        1,
+        1_048_576,
     )
     request_timeout: float = _setting(
         120.0,
@@ -149,7 +164,8 @@ class Config:
     )
     http_threads: int = _setting(
         0,
-        "waitress threads; 0 means max_queue + 4, so /health answers while all are busy.",
+        "waitress threads; 0 means max_batch + max_queue + 3, so /health answers while all "
+        "are busy.",
         0,
         2000,
     )
@@ -184,7 +200,7 @@ class Config:
 
     @property
     def waitress_threads(self) -> int:
-        return self.http_threads or self.max_queue + 4
+        return self.http_threads or self.max_batch + self.max_queue + 3
 
 
 def _fields() -> list[dataclasses.Field]:
@@ -327,10 +343,11 @@ def load_config(
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     config = Config(**values)
-    if 0 < config.http_threads < config.max_queue + 2:
+    least = config.max_batch + config.max_queue + 1
+    if 0 < config.http_threads < least:
         raise ConfigError(
-            f"--http-threads {config.http_threads} is too few: the running job "
-            f"and {config.max_queue} queued ones hold a thread each, and "
-            f"/health needs one more (at least {config.max_queue + 2})"
+            f"--http-threads {config.http_threads} is too few: {config.max_batch} running "
+            f"jobs and {config.max_queue} queued ones hold a thread each, and "
+            f"/health needs one more (at least {least})"
         )
     return config

@@ -1,10 +1,14 @@
-"""The decode loop: one prompt in, text deltas out, on a loaded transformers causal LM.
+"""The decode loop, step by step over several jobs: open a stream, step them all, close one.
 
-A lean loop instead of `generate()`: one forward per token, the cancel/deadline check and
-the stop strings handled between tokens. With `prefix_cache` the KV cache of the last run is
-kept, and a prompt that starts with the same ids (the next turn of that conversation) only
-runs its new suffix. It knows nothing of HTTP, queues or chat messages; only the worker
-thread calls `run()`.
+Each step is one forward (inference/decoder.py) over every open stream: one token for each
+stream that is decoding and, for streams still reading their prompt, the next prefill chunk,
+so a long prompt arriving costs the running streams a little per step instead of freezing
+them. Every stream keeps its own sampling (temperature, top_p, seed, stop strings, JSON
+grammar), token budget and KV cache. With `prefix_cache` the cache of the last finished
+stream is kept, and a prompt that starts with the same ids (the next turn of that
+conversation) only runs its new suffix. It knows nothing of HTTP, queues, deadlines or chat
+messages: the worker thread decides who is open and calls `step()`; `run()` is one stream
+alone, start to end.
 """
 
 from __future__ import annotations
@@ -13,22 +17,56 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache
 
+from inference.decoder import Decoder, Segment
 from inference.jobs import Generation, Sampling
+from inference.kvcache import SequenceCache
 from inference.text import TextAssembler
 
 # Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
 # temperature means "greedy" anyway.
 MIN_TEMPERATURE = 1e-3
 
-# Prefill block with prefix_cache on: reuse is by whole blocks; measured TTFT cost of
-# blocks vs one forward in the README, "Speed".
-PREFILL_BLOCK = 32
-# Without prefix_cache, long prompts are still prefilled in chunks of this many tokens, so a
-# cancel or a deadline is noticed (and the watchdog sees progress) during a long prefill;
-# typical prompts fit in one chunk and run as one forward.
-PREFILL_CHUNK = 256
+# Prompts are prefilled in chunks of this many tokens, aligned to the prompt's start: the
+# running streams wait at most one chunk per step, a cancel or deadline is noticed between
+# chunks, and with prefix_cache reuse is by whole chunks (a chunk then runs on exactly the
+# inputs of a fresh run). Prefill chunks of several streams share a step up to this many rows.
+PREFILL_CHUNK = 64
+
+
+class Stream:
+    """One job's generation inside the engine. The worker reads `finish`, `take_text()`,
+    `completion_tokens` and `ttft_s`; the rest is the engine's."""
+
+    def __init__(self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache):
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.budget = budget  # tokens it may still produce, bounded by the context
+        self.text: TextAssembler = text
+        self.cache: SequenceCache | None = cache
+        self.generator = _generator(sampling.seed)
+        self.constraint = sampling.grammar.constraint() if sampling.grammar else None
+        self.reused = cache.length if cache else 0  # prompt tokens taken from a kept cache
+        self.prefilled = self.reused  # prompt tokens in the cache so far
+        self.token = -1  # the last token picked, the next decode step's input
+        self.completion_tokens = 0
+        self.finish: str | None = None if budget > 0 else "length"
+        self.opened = time.monotonic()
+        self.ttft_s = 0.0
+        self._pending: list[str] = []
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt_ids)
+
+    def take_text(self) -> str:
+        """The text produced since the last call (may be empty)."""
+        text, self._pending = "".join(self._pending), []
+        return text
+
+    def next_chunk(self) -> list[int]:
+        end = min(len(self.prompt_ids), (self.prefilled // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
+        return self.prompt_ids[self.prefilled : end]
 
 
 class Engine:
@@ -50,55 +88,117 @@ class Engine:
         self.context_tokens = context_tokens
         self.eos_ids = eos_ids
         self.prefix_cache = prefix_cache
-        self.reused_tokens = 0  # prompt tokens the last run() took from the kept cache
-        self._kept: tuple[list[int], DynamicCache] | None = None  # last prompt, its cache
+        self.decoder = Decoder(model, context_tokens)
+        self.batch_invariant = False  # set by the loader when every Linear is per-row int8
+        self.reused_tokens = 0  # prompt tokens the last open() took from the kept cache
+        self._kept: tuple[list[int], SequenceCache] | None = None  # last prompt, its cache
 
-    def _start_cache(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
-        """A cache and how many leading prompt ids it already holds.
+    # -- one job's life ---------------------------------------------------------------------
 
-        Only whole prefill blocks of the last prompt are reused: their keys and values are
-        then computed from exactly the same inputs as a fresh run's (dynamic int8 quantizes
-        each forward's activations with one scale, so a block must be the same block).
-        """
+    def _budget(self, prompt_tokens: int, max_tokens: int) -> int:
+        return max(0, min(max_tokens, self.context_tokens - prompt_tokens))
+
+    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        """The most KV cache memory a job of this size can take (the worker's admission)."""
+        tokens = prompt_tokens + self._budget(prompt_tokens, max_tokens)
+        return tokens * self.decoder.bytes_per_token()
+
+    def open(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
+        budget = self._budget(len(prompt_ids), sampling.max_tokens)
+        cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
+        stream = Stream(
+            prompt_ids, sampling, budget, TextAssembler(self.tokenizer, sampling.stop), cache
+        )
+        self.reused_tokens = stream.reused
+        if stream.cache is None and budget > 0:
+            stream.cache = self.decoder.new_cache(len(prompt_ids) + budget)
+        return stream
+
+    def close(self, stream: Stream, interrupted: bool = False) -> Generation:
+        """Ends the stream and releases its cache (or keeps it for the next prompt). Its
+        held-back text, if it finished, is left for one more take_text()."""
+        finish = "interrupted" if interrupted or stream.finish is None else stream.finish
+        if finish != "interrupted":
+            stream._pending.append(stream.text.flush())
+            if self.prefix_cache and stream.completion_tokens > 0:
+                self._kept = (stream.prompt_ids, stream.cache)
+        stream.cache = None
+        return Generation(finish, stream.completion_tokens, stream.ttft_s)
+
+    def _start_cache(self, prompt_ids: list[int], bound: int) -> SequenceCache | None:
+        """The kept cache cut to the whole prefill chunks this prompt shares with the last
+        one, or None. The last prompt id always runs, to give the first token's logits."""
         kept, self._kept = self._kept, None
         if not self.prefix_cache or kept is None:
-            return DynamicCache(config=self.model.config), 0
+            return None
         ids, cache = kept
         same = 0
         for a, b in zip(ids, prompt_ids, strict=False):
             if a != b:
                 break
             same += 1
-        same = min(same, len(prompt_ids) - 1)  # the last prompt id must run to give logits
-        reuse = same // PREFILL_BLOCK * PREFILL_BLOCK
+        reuse = min(same, len(prompt_ids) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
         if reuse <= 0:
-            return DynamicCache(config=self.model.config), 0
-        cache.crop(reuse - cache.get_seq_length())  # a negative count: drop the rest
-        return cache, reuse
+            return None
+        cache.crop(reuse)
+        cache.max_tokens = max(bound, reuse)
+        return cache
 
-    def _prefill(
-        self,
-        prompt_ids: list[int],
-        start: int,
-        cache: DynamicCache,
-        should_stop: Callable[[], bool],
-    ) -> torch.Tensor | None:
-        """Run prompt_ids[start:]; the last position's logits, or None if told to stop
-        between chunks. Chunks are aligned to the prompt's start: with prefix_cache they
-        are the reusable PREFILL_BLOCKs."""
-        block = PREFILL_BLOCK if self.prefix_cache else PREFILL_CHUNK
-        position = start
-        while True:
-            end = min(len(prompt_ids), (position // block + 1) * block)
-            inputs = torch.tensor([prompt_ids[position:end]], dtype=torch.long)
-            out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
-            position = end
-            if position == len(prompt_ids):
-                return out.logits
-            if should_stop():
-                return None
+    # -- the step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
+    def step(self, streams: list[Stream]) -> None:
+        """One forward: a token for every decoding stream, the next prompt chunk for the
+        first prefilling ones (up to PREFILL_CHUNK rows in all)."""
+        active = [s for s in streams if s.finish is None]
+        segments, fed = [], []
+        prefill_rows = 0
+        for stream in active:
+            if not stream.prefilling:
+                segments.append(Segment(stream.cache, [stream.token]))
+                fed.append(stream)
+        for stream in active:
+            if stream.prefilling:
+                chunk = stream.next_chunk()
+                if prefill_rows and prefill_rows + len(chunk) > PREFILL_CHUNK:
+                    break
+                prefill_rows += len(chunk)
+                segments.append(Segment(stream.cache, chunk))
+                fed.append(stream)
+        if not segments:
+            return
+        logits = self.decoder.forward(segments)
+        for row, (stream, segment) in enumerate(zip(fed, segments, strict=True)):
+            if stream.prefilling:
+                stream.prefilled += len(segment.ids)
+                if stream.prefilling:
+                    continue  # more prompt to read: no token yet
+            self._advance(stream, logits[row])
+
+    def _advance(self, stream: Stream, scores: torch.Tensor) -> None:
+        """Pick the stream's next token from its logits and decide whether it is done."""
+        if stream.constraint is not None:
+            stream.constraint.mask_(scores)
+        token = _pick(scores, stream.sampling, stream.generator)
+        if stream.constraint is not None:
+            stream.constraint.take(token)
+        if stream.completion_tokens == 0:
+            stream.ttft_s = time.monotonic() - stream.opened
+        stream.completion_tokens += 1
+        stream.token = token
+        if token in self.eos_ids:
+            stream.finish = "stop"
+            return
+        piece = stream.text.add(token)
+        if piece:
+            stream._pending.append(piece)
+        if stream.text.stopped or (stream.constraint is not None and stream.constraint.finished):
+            stream.finish = "stop"
+        elif stream.completion_tokens >= stream.budget:
+            stream.finish = "length"
+
+    # -- one stream alone -------------------------------------------------------------------
+
     def run(
         self,
         prompt_ids: list[int],
@@ -106,56 +206,20 @@ class Engine:
         emit: Callable[[str], None],
         should_stop: Callable[[], bool],
     ) -> Generation:
-        start = time.monotonic()
-        ttft = 0.0
-        budget = min(sampling.max_tokens, self.context_tokens - len(prompt_ids))
-        text = TextAssembler(self.tokenizer, sampling.stop)
-        generator = _generator(sampling.seed)
-        constraint = sampling.grammar.constraint() if sampling.grammar else None
-        cache, reused = self._start_cache(prompt_ids)
-        self.reused_tokens = reused
-        produced = 0
-        finish = "length"
-        token = -1
-        while produced < budget:
+        """A batch of one: open, step until finished or told to stop, close."""
+        stream = self.open(prompt_ids, sampling)
+        interrupted = False
+        while stream.finish is None:
             if should_stop():
-                finish = "interrupted"
+                interrupted = True
                 break
-            if produced == 0:
-                logits = self._prefill(prompt_ids, reused, cache, should_stop)
-                if logits is None:
-                    finish = "interrupted"
-                    break
-            else:
-                inputs = torch.tensor([[token]], dtype=torch.long)
-                logits = self.model(
-                    input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
-                ).logits
-            scores = logits[0, -1]
-            if constraint is not None:
-                constraint.mask_(scores)
-            token = _pick(scores, sampling, generator)
-            if constraint is not None:
-                constraint.take(token)
-            if produced == 0:
-                ttft = time.monotonic() - start
-            produced += 1
-            if token in self.eos_ids:
-                finish = "stop"
-                break
-            piece = text.add(token)
-            if piece:
-                emit(piece)
-            if text.stopped or (constraint is not None and constraint.finished):
-                finish = "stop"
-                break
-        if self.prefix_cache and produced > 0:
-            # Kept only when every forward completed: a failed one may leave layers uneven.
-            self._kept = (list(prompt_ids), cache)
-        tail = text.flush() if finish != "interrupted" else ""
-        if tail:
-            emit(tail)
-        return Generation(finish, produced, ttft)
+            self.step([stream])
+            if text := stream.take_text():
+                emit(text)
+        result = self.close(stream, interrupted)
+        if text := stream.take_text():
+            emit(text)
+        return result
 
 
 def _generator(seed: int | None) -> torch.Generator | None:

@@ -161,6 +161,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from inference import rowint8
     from inference.engine import Engine
     from inference.prompt import PromptBuilder
     from inference.quantize import compute_dtype, load_quantized
@@ -201,4 +202,5 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
     )
+    engine.batch_invariant = config.quantize == "int8-row" and rowint8.available()
     return engine, PromptBuilder(prompt_tokenizer, context)

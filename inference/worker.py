@@ -1,11 +1,15 @@
-"""The one inference thread and its bounded FIFO.
+"""The one inference thread, its bounded FIFO and the batch of jobs it runs.
 
 `submit()` never blocks: a full queue is an immediate Overloaded. Slots belong to live jobs:
 a waiting job whose client left or whose deadline passed is taken out of the FIFO (and ended)
 whenever anyone looks at the queue, so it never counts against `--max-queue` nor in `depth`.
-The thread takes live jobs in order, runs the engine, and ends every job with exactly one
-terminal item on the job's reply queue. An exception inside the engine becomes that job's
-Internal error; the thread goes on serving.
+
+The thread admits jobs in FIFO order while fewer than `max_batch` run and their KV caches
+fit in the memory budget, then steps all running jobs together (inference/engine.py). Between
+steps each job's cancel flag and deadline are read: a job that finishes, is cancelled or
+times out leaves the batch at once, the others go on. Every job ends with exactly one terminal
+item on its reply queue. An exception inside the engine becomes an Internal error for the
+jobs of that step; the thread goes on serving.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from inference.errors import (
@@ -38,29 +43,59 @@ JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running averag
 FIRST_PREFILL_GUESS_S = 1 / 500
 
 
+class StreamLike(Protocol):
+    finish: str | None
+    completion_tokens: int
+    ttft_s: float
+
+    def take_text(self) -> str: ...
+
+
 class EngineLike(Protocol):
     name: str
+    batch_invariant: bool  # a row's result is the same alone or beside others
 
-    def run(self, prompt_ids, sampling: Sampling, emit, should_stop) -> Generation: ...
+    def open(self, prompt_ids, sampling: Sampling) -> StreamLike: ...
+
+    def step(self, streams: list) -> None: ...
+
+    def close(self, stream, interrupted: bool = False) -> Generation: ...
+
+    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int: ...
+
+
+@dataclass
+class Running:
+    job: Job
+    stream: StreamLike
+    picked: float  # when the job left the FIFO
+    reserved: int  # KV cache bytes held for it
 
 
 class Worker:
     """Owns the engine and the only thread that may call it: start(), submit(job), stop()."""
 
-    def __init__(self, engine: EngineLike | None, max_queue: int):
+    def __init__(
+        self,
+        engine: EngineLike | None,
+        max_queue: int,
+        max_batch: int = 1,
+        batch_memory: int | None = None,
+    ):
         self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
-        # The FIFO of waiting jobs. One lock guards it and `_current`: a job is either
+        self.max_batch = max_batch
+        self.batch_memory = batch_memory  # bytes of KV cache for all running jobs; None: any
+        # The FIFO of waiting jobs. One lock guards it and `_running`: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="inference", daemon=True)
         self._stopping = threading.Event()
-        self._current: Job | None = None
-        self._current_picked = 0.0  # when the running job was taken
+        self._running: list[Running] = []
         self._job_seconds: float | None = None  # average measured job time; None: none yet
         self._prefill_s_per_token: float | None = None  # average measured; None: none yet
-        self.heartbeat = time.monotonic()  # last sign of progress: a token, or an idle tick
+        self.heartbeat = time.monotonic()  # last sign of progress: a step, or an idle tick
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -83,7 +118,7 @@ class Worker:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new jobs, end the waiting and the running one with 503, join the thread."""
+        """Refuse new jobs, end the waiting and the running ones with 503, join the thread."""
         self._stopping.set()
         self._end_waiting("the server is stopping")  # also wakes the thread if it waits
         if self._thread.ident is not None:  # started
@@ -95,14 +130,18 @@ class Worker:
 
     @property
     def depth(self) -> int:
-        """Live jobs waiting in the FIFO (not counting the one running)."""
+        """Live jobs waiting in the FIFO (not counting the running ones)."""
         with self._lock:
             self._prune()
             return len(self._waiting)
 
     @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
     def busy(self) -> bool:
-        return self._current is not None
+        return bool(self._running)
 
     # -- the HTTP side ----------------------------------------------------------------------
 
@@ -129,19 +168,25 @@ class Worker:
             )
 
     def expected_start_s(self, position: int) -> float:
-        """Expected seconds until the job waiting at `position` (0: the head) starts: the
-        rest of the running job, then one average job per job ahead of it. For position 0
-        it is when a waiting slot frees."""
+        """Expected seconds until the job waiting at `position` (0: the head) starts. For
+        position 0 it is when a waiting slot frees."""
         with self._lock:
             return self._expected_start_s(position)
 
     def _expected_start_s(self, position: int) -> float:  # with the lock held
+        """Free batch places start jobs at once. Past them, a job waits for `ahead + 1` jobs
+        to end: the first when the oldest running one reaches the average job time (a full
+        average if none runs yet), then one every average / max_batch, as `max_batch` jobs
+        run side by side."""
+        ahead = position - (self.max_batch - len(self._running))
+        if ahead < 0:
+            return 0.0
         per_job = FIRST_GUESS_S if self._job_seconds is None else self._job_seconds
-        rest = 0.0
-        if self._current is not None:
-            # A job running longer than the average is expected to end any moment.
-            rest = max(0.0, per_job - (time.monotonic() - self._current_picked))
-        return rest + position * per_job
+        rest = per_job
+        if self._running:
+            oldest = min(r.picked for r in self._running)
+            rest = max(0.0, per_job - (time.monotonic() - oldest))
+        return rest + ahead * per_job / self.max_batch
 
     def expected_prefill_s(self, prompt_tokens: int) -> float:
         """Expected seconds of prefill (to the first token) for a prompt of that many tokens,
@@ -191,18 +236,30 @@ class Worker:
             f"passed its {job.timeout_s:g} s deadline"
         )
 
-    def _next_job(self) -> Job | None:
-        """The next live job, or None after an idle tick (or when stopping)."""
+    def _reservation(self, job: Job) -> int:
+        return self.engine.cache_bytes(len(job.prompt_ids), job.sampling.max_tokens)
+
+    def _take_next(self) -> tuple[Job, int] | None:
+        """The head of the FIFO and its reservation, if it may join the batch now: a free
+        place, and its cache fits beside the running jobs' (a job alone always fits). The
+        head waits otherwise; nobody behind it overtakes."""
+        with self._lock:
+            self._prune()
+            if not self._waiting or self._stopping.is_set():
+                return None
+            if len(self._running) >= self.max_batch:
+                return None
+            need = self._reservation(self._waiting[0])
+            held = sum(r.reserved for r in self._running)
+            if self._running and self.batch_memory is not None and held + need > self.batch_memory:
+                return None
+            return self._waiting.popleft(), need
+
+    def _wait_for_work(self) -> None:
         with self._lock:
             self._prune()
             if not self._waiting and not self._stopping.is_set():
                 self._lock.wait(IDLE_TICK_S)
-                self._prune()
-            if not self._waiting or self._stopping.is_set():
-                return None
-            self._current = self._waiting.popleft()
-            self._current_picked = time.monotonic()
-            return self._current
 
     def _end_waiting(self, why: str) -> None:
         with self._lock:
@@ -221,64 +278,125 @@ class Worker:
                 return
             finally:
                 self._loaded.set()
-        while not self._stopping.is_set():
-            self.heartbeat = time.monotonic()
-            job = self._next_job()
-            if job is None:
-                continue
-            try:
-                outcome = self._serve(job)
-            except BaseException:  # the thread is going down: its job still gets its end
-                job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
-                self._stopping.set()  # refuse new jobs before the thread is gone for good
-                self._end_waiting("the inference thread died")
-                raise
-            finally:
-                with self._lock:
-                    self._current = None
-            job.events.put(outcome)
-
-    def _should_stop(self, job: Job) -> bool:
-        self.heartbeat = time.monotonic()
-        return job.cancelled or job.expired() or self._stopping.is_set()
-
-    def _serve(self, job: Job) -> Done | Failed:
-        picked = self._current_picked
-        job.started = True
-        queued_ms = (picked - job.created) * 1000
-        if self._stopping.is_set():
-            return Failed(Unavailable("the server is stopping"))
-        if job.cancelled:
-            self._count_cancelled(job, "queued")
-            return Failed(Cancelled("the client went away while queued"))
-        if job.expired():
-            return Failed(self._expired_in_queue(job))
+        self._fit_batch()
         try:
-            result = self.engine.run(
-                job.prompt_ids,
-                job.sampling,
-                lambda text: job.events.put(Delta(text)),
-                lambda: self._should_stop(job),
+            while not self._stopping.is_set():
+                self.heartbeat = time.monotonic()
+                self._admit()
+                self._leave_if_stopped()
+                if not self._running:
+                    self._wait_for_work()
+                    continue
+                self._step()
+        except BaseException:  # the thread is going down: every job still gets its end
+            self._stopping.set()  # refuse new jobs before the thread is gone for good
+            for entry in list(self._running):
+                why = f"the inference thread died (request {entry.job.id})"
+                self._end(entry, Failed(Internal(why)))
+            self._end_waiting("the inference thread died")
+            raise
+        for entry in list(self._running):
+            self._leave(entry, Unavailable("the server is stopping"))
+
+    def _fit_batch(self) -> None:
+        """One job at a time unless the engine's answers are the same alone or in a batch:
+        a user must not get a different answer because someone else asked at the time."""
+        if self.max_batch > 1 and not self.engine.batch_invariant:
+            log.warning(
+                "--max-batch %d needs batch-invariant Linears (quantize int8-row on a CPU "
+                "that runs it): running one job at a time",
+                self.max_batch,
             )
-        except ServiceError as exc:
-            return Failed(exc)
+            self.max_batch = 1
+
+    def _admit(self) -> None:
+        """Open streams for the jobs that may join the batch now."""
+        while (taken := self._take_next()) is not None:
+            job, reserved = taken
+            picked = time.monotonic()
+            job.started = True
+            try:
+                stream = self.engine.open(job.prompt_ids, job.sampling)
+            except ServiceError as exc:
+                job.events.put(Failed(exc))
+                continue
+            except Exception:
+                log.exception("opening a generation failed for %s", job.id)
+                job.events.put(Failed(Internal(f"generation failed (request {job.id})")))
+                continue
+            except BaseException:  # the thread is going down: this job still gets its end
+                job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
+                raise
+            with self._lock:
+                self._running.append(Running(job, stream, picked, reserved))
+
+    def _leave_if_stopped(self) -> None:
+        """Take out the running jobs whose client left or whose deadline passed."""
+        for entry in list(self._running):
+            job = entry.job
+            if job.cancelled:
+                self._count_cancelled(job, "running")
+                self._leave(entry, Cancelled("the client went away"))
+            elif job.expired():
+                self._leave(entry, self._timed_out(entry))
+
+    def _step(self) -> None:
+        streams = [r.stream for r in self._running]
+        try:
+            self.engine.step(streams)
         except Exception:
-            log.exception("generation failed for %s", job.id)
-            return Failed(Internal(f"generation failed (request {job.id}); see the server log"))
+            ids = ", ".join(r.job.id for r in self._running)
+            log.exception("a generation step failed for %s", ids)
+            for entry in list(self._running):
+                why = f"generation failed (request {entry.job.id}); see the server log"
+                self._leave(entry, Internal(why))
+            return
+        self.heartbeat = time.monotonic()
+        for entry in list(self._running):
+            if text := entry.stream.take_text():
+                entry.job.events.put(Delta(text))
+            if entry.stream.finish is not None:
+                self._finish(entry)
+
+    def _finish(self, entry: Running) -> None:
+        job = entry.job
+        result = self.engine.close(entry.stream)
+        if text := entry.stream.take_text():
+            job.events.put(Delta(text))
         done_at = time.monotonic()
         if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
             self._measured_prefill(result.ttft_s / len(job.prompt_ids))
-        if result.finish_reason == "interrupted":
-            return Failed(self._interruption(job, result))
-        gen_s = done_at - picked
+        gen_s = done_at - entry.picked
         self._measured(gen_s)
-        return Done(
-            finish_reason=result.finish_reason,
-            usage=Usage(len(job.prompt_ids), result.completion_tokens),
-            queued_ms=queued_ms,
-            ttft_ms=result.ttft_s * 1000,
-            total_ms=(done_at - job.created) * 1000,
-            tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
+        self._end(
+            entry,
+            Done(
+                finish_reason=result.finish_reason,
+                usage=Usage(len(job.prompt_ids), result.completion_tokens),
+                queued_ms=(entry.picked - job.created) * 1000,
+                ttft_ms=result.ttft_s * 1000,
+                total_ms=(done_at - job.created) * 1000,
+                tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
+            ),
+        )
+
+    def _leave(self, entry: Running, error: ServiceError) -> None:
+        """Ends a running job early: its cache is released, the others go on."""
+        try:
+            self.engine.close(entry.stream, interrupted=True)
+        finally:
+            self._end(entry, Failed(error))
+
+    def _end(self, entry: Running, outcome: Done | Failed) -> None:
+        with self._lock:
+            if entry in self._running:
+                self._running.remove(entry)
+        entry.job.events.put(outcome)
+
+    def _timed_out(self, entry: Running) -> Timeout:
+        return Timeout(
+            f"the request passed its {entry.job.timeout_s:g} s deadline after "
+            f"{entry.stream.completion_tokens} tokens"
         )
 
     def _measured(self, job_s: float) -> None:
@@ -300,14 +418,3 @@ class Worker:
             self._prefill_s_per_token = per_token_s
         else:
             self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
-
-    def _interruption(self, job: Job, result: Generation) -> ServiceError:
-        if self._stopping.is_set():
-            return Unavailable("the server is stopping")
-        if job.cancelled:
-            self._count_cancelled(job, "running")
-            return Cancelled("the client went away")
-        return Timeout(
-            f"the request passed its {job.timeout_s:g} s deadline after "
-            f"{result.completion_tokens} tokens"
-        )

@@ -45,7 +45,10 @@ class InProcessServer:
         self.config = load_config(["--port", str(free_port()), *flags], environ={})
         self.engine = engine
         self.runtime = Runtime()
-        self.worker = Worker(engine, self.config.max_queue).start()
+        config = self.config
+        self.worker = Worker(
+            engine, config.max_queue, config.max_batch, config.batch_memory_mb * 1024 * 1024
+        ).start()
         if ready:
             self.runtime.prompts = FakePrompts()
             self.runtime.model_name = engine.name

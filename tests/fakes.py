@@ -9,11 +9,29 @@ from inference.jobs import Generation
 from inference.prompt import PromptBuilder
 
 
+class FakeStream:
+    def __init__(self, prompt_ids, sampling, prefill_s: float):
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.prefill_s = prefill_s  # still to sleep before the first token
+        self.opened = time.monotonic()
+        self.finish: str | None = None if sampling.max_tokens > 0 else "length"
+        self.completion_tokens = 0
+        self.ttft_s = 0.0
+        self.text = ""
+
+    def take_text(self) -> str:
+        text, self.text = self.text, ""
+        return text
+
+
 class FakeEngine:
     """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops), one per `token_s`
-    seconds; records the order jobs ran in."""
+    seconds per step, whatever the number of streams in the step (a batch costs what one
+    stream does); records the order jobs started in."""
 
     name = "fake"
+    batch_invariant = True
 
     def __init__(
         self,
@@ -22,38 +40,51 @@ class FakeEngine:
         prefill_s: float = 0.0,
         reply: list[str] | None = None,
         prefill_token_s: float = 0.0,
+        bytes_per_token: int = 0,
     ):
         self.token_s = token_s
         self.reply = reply
         self.fail_on = fail_on
         self.prefill_s = prefill_s  # an uninterruptible pause before the first token
         self.prefill_token_s = prefill_token_s  # more of it per prompt token
+        self.bytes_per_token = bytes_per_token  # KV cache a job reserves, per token
         self.ran: list[list[int]] = []  # prompt ids, in the order generation started
-        self.tokens_made: list[int] = []  # tokens produced per run
+        self.tokens_made: list[int] = []  # tokens produced per job
+        self.batch_sizes: list[int] = []  # streams per step
         self.started = threading.Event()
 
-    def run(self, prompt_ids, sampling, emit, should_stop) -> Generation:
+    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        return self.bytes_per_token * (prompt_tokens + max_tokens)
+
+    def open(self, prompt_ids, sampling) -> FakeStream:
         self.ran.append(list(prompt_ids))
         self.started.set()
         if self.fail_on is not None and prompt_ids == [ord(c) for c in self.fail_on]:
             raise RuntimeError("scripted failure")
-        made = 0
-        started = time.monotonic()
-        time.sleep(self.prefill_s + self.prefill_token_s * len(prompt_ids))
-        ttft_s = 0.0
-        try:
-            while made < sampling.max_tokens:
-                if should_stop():
-                    return Generation("interrupted", made, ttft_s)
-                time.sleep(self.token_s)
-                made += 1
-                ttft_s = ttft_s or time.monotonic() - started
-                emit(f"w{made} " if self.reply is None else self.reply[made - 1])
-                if self.reply is not None and made == len(self.reply):
-                    return Generation("stop", made, ttft_s)
-            return Generation("length", made, ttft_s)
-        finally:
-            self.tokens_made.append(made)
+        prefill_s = self.prefill_s + self.prefill_token_s * len(prompt_ids)
+        return FakeStream(list(prompt_ids), sampling, prefill_s)
+
+    def step(self, streams: list[FakeStream]) -> None:
+        active = [s for s in streams if s.finish is None]
+        self.batch_sizes.append(len(active))
+        for stream in active:
+            time.sleep(stream.prefill_s)
+            stream.prefill_s = 0.0
+        time.sleep(self.token_s)
+        for stream in active:
+            stream.completion_tokens += 1
+            made = stream.completion_tokens
+            stream.ttft_s = stream.ttft_s or time.monotonic() - stream.opened
+            stream.text += f"w{made} " if self.reply is None else self.reply[made - 1]
+            if self.reply is not None and made == len(self.reply):
+                stream.finish = "stop"
+            elif made >= stream.sampling.max_tokens:
+                stream.finish = "length"
+
+    def close(self, stream: FakeStream, interrupted: bool = False) -> Generation:
+        self.tokens_made.append(stream.completion_tokens)
+        finish = "interrupted" if interrupted or stream.finish is None else stream.finish
+        return Generation(finish, stream.completion_tokens, stream.ttft_s)
 
 
 class FakePrompts(PromptBuilder):

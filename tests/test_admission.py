@@ -63,7 +63,7 @@ def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(f
     # Each job is 20 tokens of 0.1 s: 2 s. The deadline is 4 s, so behind the running job
     # and three queued ones (about 8 s) no request can get its first token in time.
     engine = FakeEngine(token_s=0.1, prefill_token_s=0.0001)
-    server = fake_server(engine, "--request-timeout", "4", "--max-queue", "4")
+    server = fake_server(engine, "--request-timeout", "4", "--max-queue", "4", "--max-batch", "1")
     server.worker.run_now([1] * 10, Sampling(max_tokens=20))  # measures a 2 s job
     ahead = [
         server.worker.submit(Job([2] * 10, Sampling(max_tokens=20), timeout_s=60)) for _ in range(4)

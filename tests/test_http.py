@@ -188,9 +188,12 @@ def test_generation_failure_is_500_and_service_goes_on(fake_server):
 
 
 def fill_queue(server, max_tokens: int = 100_000):
-    """One long job running and the queue full behind it; returns the open streams."""
+    """The batch full of long jobs and the queue full behind it; returns the open streams."""
     streams = [Stream(server.url, {"message": "run", "max_tokens": max_tokens})]
     assert server.engine.started.wait(5)
+    for i in range(1, server.config.max_batch):
+        streams.append(Stream(server.url, {"message": f"run{i}", "max_tokens": max_tokens}))
+    assert wait_until(lambda: server.worker.running == server.config.max_batch, 5)
     for i in range(server.config.max_queue):
         streams.append(Stream_in_thread(server.url, {"message": f"wait{i}"}))
     assert wait_until(lambda: server.worker.depth == server.config.max_queue, 5)
@@ -301,7 +304,7 @@ def test_client_leaving_stops_its_running_job(fake_server, leave):
 
 
 def test_client_leaving_while_queued_drops_the_job(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02))
+    server = fake_server(FakeEngine(token_s=0.02), "--max-batch", "1")
     runner = Stream(server.url, {"message": "run", "max_tokens": 50})
     assert server.engine.started.wait(5)
     sock = raw_post(server.url, {"message": "gone"})
@@ -314,7 +317,7 @@ def test_client_leaving_while_queued_drops_the_job(fake_server):
 
 
 def test_clients_that_left_the_queue_never_cause_a_503(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02), "--max-queue", "2")
+    server = fake_server(FakeEngine(token_s=0.02), "--max-queue", "2", "--max-batch", "1")
     runner = Stream(server.url, {"message": "run", "max_tokens": 40})
     assert server.engine.started.wait(5)
     socks = queue_raw_clients(server, ["gone0", "gone1"])
@@ -363,7 +366,7 @@ def test_json_without_content_type_is_accepted(fake_server):
 
 
 def test_requests_are_answered_in_arrival_order(fake_server):
-    server = fake_server(FakeEngine(token_s=0.01), "--max-queue", "6")
+    server = fake_server(FakeEngine(token_s=0.01), "--max-queue", "6", "--max-batch", "1")
     runner = Stream_in_thread(server.url, {"message": "run", "max_tokens": 1000})
     assert server.engine.started.wait(5)
     names = [f"client{i}" for i in range(6)]

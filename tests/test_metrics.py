@@ -143,7 +143,7 @@ def test_loading_is_counted_as_a_rejection(fake_server):
 
 
 def test_full_queue_rejections_and_busy_gauges(fake_server):
-    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2")
+    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2", "--max-batch", "1")
     runner = Stream(server.url, {"message": "run", "max_tokens": 100_000})
     assert server.engine.started.wait(5)
     waiting = queue_raw_clients(server, ["wait0", "wait1"])
@@ -167,7 +167,7 @@ def test_full_queue_rejections_and_busy_gauges(fake_server):
 
 
 def test_cancellations_by_stage(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02))
+    server = fake_server(FakeEngine(token_s=0.02), "--max-batch", "1")
     # running: a stream left after a few tokens, and a plain request left while generating
     stream = Stream(server.url, {"message": "long", "max_tokens": 100_000})
     events = stream.events()

@@ -235,7 +235,7 @@ def test_stop_ends_waiting_and_running_jobs(worker_for):
 
 
 class DyingEngine(FakeEngine):
-    def run(self, prompt_ids, sampling, emit, should_stop):
+    def step(self, streams):
         raise SystemExit("gone")  # not an Exception: nothing in the loop may swallow it
 
 

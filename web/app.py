@@ -121,6 +121,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             "status": "ok" if worker.alive else "error",
             "model": runtime.model_name,
             "queue": {"depth": worker.depth, "capacity": worker.capacity},
+            "batch": {"running": worker.running, "capacity": worker.max_batch},
             "busy": worker.busy,
         }
         return jsonify(body), 200 if worker.alive else 503

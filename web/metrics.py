@@ -80,9 +80,14 @@ class _LiveState:
             "Jobs that may wait (--max-queue); more are refused as overloaded.",
             self.config.max_queue,
         )
-        running = int(worker.busy) if worker else 0
+        running = worker.running if worker else 0
         yield GaugeMetricFamily(
-            "deskchat_running_jobs", "Jobs the inference thread is running (0 or 1).", running
+            "deskchat_running_jobs", "Jobs the inference thread is running (the batch).", running
+        )
+        yield GaugeMetricFamily(
+            "deskchat_batch_capacity",
+            "Jobs that may run side by side (--max-batch).",
+            self.config.max_batch,
         )
         cancelled = CounterMetricFamily(
             "deskchat_cancellations",
