@@ -209,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--clients", type=int, default=1, help="with --http: concurrent clients")
     parser.add_argument(
+        "--batch-curve",
+        action="store_true",
+        help="start server.py on --model once per --batches value and measure --http with "
+        "each of --client-counts, plus a 1,000-token prompt arriving beside 3 streams",
+    )
+    parser.add_argument("--batches", default="1,4", help="with --batch-curve: --max-batch values")
+    parser.add_argument(
+        "--client-counts", default="1,2,4,8", help="with --batch-curve: concurrent clients"
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -227,6 +237,18 @@ def main(argv: list[str] | None = None) -> int:
 
         report = run_http(args.http, args.clients, args.rounds, args.max_tokens)
         print(json.dumps(report, indent=2))
+    elif args.batch_curve:
+        from bench.batching import format_table, run_curve
+
+        model_dir = resolve_model(args.model, config.cache_dir, args.fixture)
+        batches = [int(b) for b in args.batches.split(",")]
+        clients = [int(c) for c in args.client_counts.split(",")]
+        print(
+            f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
+            f"{args.max_tokens} tokens per client; load {os.getloadavg()[0]:.2f}"
+        )
+        report = run_curve(model_dir, batches, clients, args.rounds, args.max_tokens, [])
+        print(format_table(report))
     else:
         from bench.qwen_shape import FixtureMissing
 

@@ -1,7 +1,8 @@
 """--http: measure a running deskchat server through POST /chat, streamed, N clients at once.
 
 Each client sends the fixed prompts `rounds` times, one request after the other; TTFT is
-the time to the first `delta` event, latency the time to the `done` event. Standard library
+the time to the first `delta` event, latency the time to the `done` event, and the gaps
+between deltas are the inter-token times a reader of the stream sees. Standard library
 only, so it runs from any machine on the LAN.
 """
 
@@ -18,12 +19,13 @@ from bench.stats import percentile
 
 
 def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 600) -> dict:
-    """One streamed request; {ttft_ms, latency_s, tokens} or {error}."""
+    """One streamed request; {ttft_ms, latency_s, tokens, arrivals} or {error}. `arrivals`
+    are the perf_counter times of the deltas."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True})
     started = time.perf_counter()
-    first = None
+    arrivals: list[float] = []
     try:
         conn.request(
             "POST",
@@ -41,14 +43,15 @@ def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 
             if not line.startswith("data: "):
                 continue
             event = json.loads(line[6:])
-            if "delta" in event and first is None:
-                first = time.perf_counter()
+            if "delta" in event:
+                arrivals.append(time.perf_counter())
             if event.get("done"):
                 end = time.perf_counter()
                 return {
-                    "ttft_ms": ((first or end) - started) * 1000,
+                    "ttft_ms": ((arrivals[0] if arrivals else end) - started) * 1000,
                     "latency_s": end - started,
                     "tokens": event["usage"]["completion_tokens"],
+                    "arrivals": arrivals,
                 }
         return {"error": "the stream ended without a done event"}
     except (OSError, ValueError, KeyError) as exc:  # network, or a malformed event
@@ -78,6 +81,7 @@ def run_http(url: str, clients: int, rounds: int, max_tokens: int) -> dict:
     ok = [r for r in results if "error" not in r]
     latency = [r["latency_s"] for r in ok]
     ttft = [r["ttft_ms"] for r in ok]
+    gaps = [g for r in ok for g in gaps_ms(r["arrivals"])]
     return {
         "url": url,
         "clients": clients,
@@ -85,8 +89,15 @@ def run_http(url: str, clients: int, rounds: int, max_tokens: int) -> dict:
         "errors": len(results) - len(ok),
         "ttft_ms_p50": round(percentile(ttft, 50), 1),
         "ttft_ms_p90": round(percentile(ttft, 90), 1),
+        "ttft_ms_p99": round(percentile(ttft, 99), 1),
+        "gap_ms_p50": round(percentile(gaps, 50), 1),
+        "gap_ms_p99": round(percentile(gaps, 99), 1),
         "latency_s_p50": round(percentile(latency, 50), 3),
         "latency_s_p99": round(percentile(latency, 99), 3),
         "total_tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 2),
         "wall_s": round(wall, 2),
     }
+
+
+def gaps_ms(arrivals: list[float]) -> list[float]:
+    return [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:], strict=False)]

@@ -331,7 +331,6 @@ def load_quantized(
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
     calibrate = quantize in ("int8", "int8-row") and calibration_ids is not None
-    alpha = smooth.ROW_ALPHA if per_row else smooth.ALPHA
     hidden = position = None
     if calibrate:
         hidden = embed(calibration_ids)
@@ -345,7 +344,7 @@ def load_quantized(
                 smooth.record_input_absmax([g[2][0] for g in groups]) as absmax,
             ):
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position)
-            smooth.smooth_layer(groups, absmax, alpha)
+            smooth.smooth_layer(groups, absmax, smooth.ALPHA)
         elif calibrate:
             log.warning("layer %d is not Llama-style: int8 without smoothing", i)
             with torch.inference_mode():
@@ -369,7 +368,7 @@ def load_quantized(
         wmax = torch.zeros_like(absmax)
         for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             torch.maximum(wmax, smooth.column_absmax(block), out=wmax)
-        head_scale = smooth.scales_from_wmax(absmax, wmax, alpha)
+        head_scale = smooth.scales_from_wmax(absmax, wmax, smooth.ALPHA)
         smooth.divide_source(decoder.norm, "norm", head_scale)
     blocks = reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16)
     if per_row:

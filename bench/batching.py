@@ -1,0 +1,177 @@
+"""--batch-curve: the server with the batch off and at given sizes, 1..N clients each.
+
+For each `--max-batch` value it starts `server.py` on the model (a loopback port, its log in
+a temporary file), waits until it is ready, runs `--http` with 1, 2, 4, 8 clients one after
+the other, and then a long-prompt probe: while three clients stream long answers, one
+request with a prompt of about 1,000 tokens arrives; the probe reports the three streams'
+inter-token gaps during its prefill (its arrival to its first token). One table, rows in the
+order measured, so the batch-off and batched figures come from one run on one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.http_client import chat_once, gaps_ms, run_http
+from bench.stats import percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG_PROMPT = [
+    {
+        "role": "user",
+        "content": "Summarize these meeting notes in three bullet points.\n"
+        + "Budget approved for the printers; the launch moved to May; two engineers hired. " * 60,
+    }
+]
+STORY = [{"role": "user", "content": "Write a long story about an office printer."}]
+PROBE_STREAMS = 3
+PROBE_ANSWER_TOKENS = 400
+
+
+class Server:
+    """server.py as a child process on a free loopback port."""
+
+    def __init__(self, model_dir: Path, max_batch: int, extra: list[str]):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="deskchat-bench-", suffix=".log")  # noqa: SIM115
+        args = [sys.executable, str(ROOT / "server.py"), "--model", str(model_dir)]
+        args += ["--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "32"]
+        args += ["--request-timeout", "900", *extra]
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace")[-2000:]
+                raise SystemExit(f"bench: server exited {self.proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"bench: server not ready in {timeout:.0f} s")
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):  # the peak
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def long_prompt_probe(url: str) -> dict:
+    """Inter-token gaps of PROBE_STREAMS running streams while a ~1,000-token prompt is
+    prefilled beside them."""
+    runners: list[dict] = [{} for _ in range(PROBE_STREAMS)]
+
+    def run(i):
+        runners[i] = chat_once(url, STORY, PROBE_ANSWER_TOKENS)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(PROBE_STREAMS)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3.0)  # the streams are decoding
+    sent = time.perf_counter()
+    long = chat_once(url, LONG_PROMPT, 8)
+    for thread in threads:
+        thread.join()
+    if "error" in long or any("error" in r for r in runners):
+        errors = [r.get("error") for r in [long, *runners] if "error" in r]
+        return {"error": "; ".join(errors)}
+    first = long["arrivals"][0] if long["arrivals"] else sent
+    during = []
+    for r in runners:
+        times = [t for t in r["arrivals"] if sent <= t <= first]
+        before = [t for t in r["arrivals"] if t < sent][-1:]  # the gap spanning `sent`
+        during += gaps_ms(before + times)
+    return {
+        "long_ttft_ms": round(long["ttft_ms"], 1),
+        "gap_ms_p50_during": round(percentile(during, 50), 1),
+        "gap_ms_p99_during": round(percentile(during, 99), 1),
+        "gaps_during": len(during),
+    }
+
+
+def run_curve(
+    model_dir: Path,
+    batches: list[int],
+    clients: list[int],
+    rounds: int,
+    max_tokens: int,
+    extra: list[str],
+) -> dict:
+    rows, probes = [], []
+    # A bench stopped with SIGTERM (timeout, kill) still stops the servers it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for max_batch in batches:
+        server = Server(model_dir, max_batch, extra)
+        try:
+            server.wait_ready()
+            for n in clients:
+                load = os.getloadavg()[0]
+                row = run_http(server.url, n, rounds, max_tokens)
+                row.update(max_batch=max_batch, loadavg_1m=round(load, 2))
+                rows.append(row)
+                print(format_row(row), flush=True)
+            probe = long_prompt_probe(server.url)
+            probe.update(max_batch=max_batch, peak_rss_mb=round(server.rss_mb(), 1))
+            probes.append(probe)
+            print(probe, flush=True)
+        finally:
+            server.stop()
+    return {"rows": rows, "probes": probes}
+
+
+HEADER = (
+    "| max_batch | clients | total tok/s | TTFT p50 ms | TTFT p99 ms | gap p50 ms | gap p99 ms "
+    "| errors | load 1m |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def format_row(row: dict) -> str:
+    keys = ["total_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "gap_ms_p50", "gap_ms_p99"]
+    cells = [str(row["max_batch"]), str(row["clients"]), *(str(row[k]) for k in keys)]
+    return "| " + " | ".join([*cells, str(row["errors"]), str(row["loadavg_1m"])]) + " |"
+
+
+def format_table(report: dict) -> str:
+    lines = [HEADER, *(format_row(r) for r in report["rows"])]
+    lines.append("")
+    lines.append(
+        "| max_batch | long prompt TTFT ms | streams' gap p50 / p99 ms during its prefill "
+        "| peak RSS MB |"
+    )
+    lines.append("|---|---|---|---|")
+    for p in report["probes"]:
+        if "error" in p:
+            lines.append(f"| {p['max_batch']} | error: {p['error']} | | |")
+            continue
+        gaps = f"{p['gap_ms_p50_during']} / {p['gap_ms_p99_during']} ({p['gaps_during']} gaps)"
+        lines.append(f"| {p['max_batch']} | {p['long_ttft_ms']} | {gaps} | {p['peak_rss_mb']} |")
+    return "\n".join(lines)
