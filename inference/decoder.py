@@ -42,6 +42,7 @@ class Decoder:
         _check_supported(model)
         config = model.config
         body = model.model
+        self.model = model
         self.embed = body.embed_tokens
         self.layers = list(body.layers)
         self.norm = body.norm
@@ -68,9 +69,10 @@ class Decoder:
         )
 
     @torch.inference_mode()
-    def forward(self, segments: list[Segment]) -> torch.Tensor:
+    def forward(self, segments: list[Segment], every_row: bool = False) -> torch.Tensor:
         """Runs every segment's ids after its cache (which grows by them) and returns the
-        logits of each segment's last position, [len(segments), vocab]."""
+        logits of each segment's last position, [len(segments), vocab] (with `every_row`:
+        of every position, [all ids, vocab], for measuring quality)."""
         spans, positions, ids = [], [], []
         for seg in segments:
             seg.cache.reserve(len(seg.ids))
@@ -85,7 +87,7 @@ class Decoder:
             hidden = self._layer(index, layer, hidden, cos, sin, segments, spans)
         for seg in segments:
             seg.cache.commit(len(seg.ids))
-        last = hidden[[end - 1 for _, end in spans]]
+        last = hidden if every_row else hidden[[end - 1 for _, end in spans]]
         return self.lm_head(self.norm(last)).float()
 
     def _layer(self, index, layer, hidden, cos, sin, segments, spans) -> torch.Tensor:

@@ -27,11 +27,16 @@ from inference.text import TextAssembler
 # temperature means "greedy" anyway.
 MIN_TEMPERATURE = 1e-3
 
-# Prompts are prefilled in chunks of this many tokens, aligned to the prompt's start: the
-# running streams wait at most one chunk per step, a cancel or deadline is noticed between
-# chunks, and with prefix_cache reuse is by whole chunks (a chunk then runs on exactly the
-# inputs of a fresh run). Prefill chunks of several streams share a step up to this many rows.
-PREFILL_CHUNK = 64
+# Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
+# prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
+# whole blocks. With per-row int8 (batch-invariant) any chunking on 16-token boundaries gives
+# bitwise the same keys, values and logits (checked on SmolLM2 with 16, 32 and 64; 7 and 1
+# differ), so the chunk size may follow the load: big alone, small beside decoding streams,
+# whose next token waits for the step. Otherwise the chunking must be the same every time.
+ALIGN = 16
+PREFILL_CHUNK = 256  # rows per forward when no other stream is decoding
+PREFILL_BESIDE = 32  # prompt rows per step while others decode (their inter-token gap)
+PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not batch-invariant
 
 
 class Stream:
@@ -64,9 +69,9 @@ class Stream:
         text, self._pending = "".join(self._pending), []
         return text
 
-    def next_chunk(self) -> list[int]:
-        end = min(len(self.prompt_ids), (self.prefilled // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
-        return self.prompt_ids[self.prefilled : end]
+    def next_chunk(self, rows: int) -> list[int]:
+        """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block)."""
+        return self.prompt_ids[self.prefilled : self.prefilled + rows]
 
 
 class Engine:
@@ -80,6 +85,7 @@ class Engine:
         context_tokens: int,
         eos_ids: set[int],
         prefix_cache: bool = False,
+        batch_invariant: bool = False,
     ):
         self.model = model
         self.vocab_size = model.config.vocab_size  # the width of the logits
@@ -89,7 +95,15 @@ class Engine:
         self.eos_ids = eos_ids
         self.prefix_cache = prefix_cache
         self.decoder = Decoder(model, context_tokens)
-        self.batch_invariant = False  # set by the loader when every Linear is per-row int8
+        # True when every Linear is per-row int8: a row's result is the same in any batch
+        # and any chunking, so several streams may share a step.
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            self.block, self.alone_rows = ALIGN, PREFILL_CHUNK
+        elif prefix_cache:
+            self.block = self.alone_rows = PREFILL_BLOCK
+        else:
+            self.block = self.alone_rows = PREFILL_CHUNK
         self.reused_tokens = 0  # prompt tokens the last open() took from the kept cache
         self._kept: tuple[list[int], SequenceCache] | None = None  # last prompt, its cache
 
@@ -126,8 +140,8 @@ class Engine:
         return Generation(finish, stream.completion_tokens, stream.ttft_s)
 
     def _start_cache(self, prompt_ids: list[int], bound: int) -> SequenceCache | None:
-        """The kept cache cut to the whole prefill chunks this prompt shares with the last
-        one, or None. The last prompt id always runs, to give the first token's logits."""
+        """The kept cache cut to the whole blocks this prompt shares with the last one, or
+        None. The last prompt id always runs, to give the first token's logits."""
         kept, self._kept = self._kept, None
         if not self.prefix_cache or kept is None:
             return None
@@ -137,7 +151,7 @@ class Engine:
             if a != b:
                 break
             same += 1
-        reuse = min(same, len(prompt_ids) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        reuse = min(same, len(prompt_ids) - 1) // self.block * self.block
         if reuse <= 0:
             return None
         cache.crop(reuse)
@@ -148,21 +162,20 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, streams: list[Stream]) -> None:
-        """One forward: a token for every decoding stream, the next prompt chunk for the
-        first prefilling ones (up to PREFILL_CHUNK rows in all)."""
+        """One forward: a token for every decoding stream, and prompt chunks of the first
+        prefilling ones, in order, up to `alone_rows` rows, or PREFILL_BESIDE while some
+        stream is decoding."""
         active = [s for s in streams if s.finish is None]
         segments, fed = [], []
-        prefill_rows = 0
         for stream in active:
             if not stream.prefilling:
                 segments.append(Segment(stream.cache, [stream.token]))
                 fed.append(stream)
+        room = PREFILL_BESIDE if segments else self.alone_rows
         for stream in active:
-            if stream.prefilling:
-                chunk = stream.next_chunk()
-                if prefill_rows and prefill_rows + len(chunk) > PREFILL_CHUNK:
-                    break
-                prefill_rows += len(chunk)
+            if stream.prefilling and room > 0:
+                chunk = stream.next_chunk(room)
+                room -= -(-len(chunk) // self.block) * self.block
                 segments.append(Segment(stream.cache, chunk))
                 fed.append(stream)
         if not segments:

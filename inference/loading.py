@@ -201,6 +201,6 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         context,
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
+        batch_invariant=config.quantize == "int8-row" and rowint8.available(),
     )
-    engine.batch_invariant = config.quantize == "int8-row" and rowint8.available()
     return engine, PromptBuilder(prompt_tokenizer, context)

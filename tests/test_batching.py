@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from inference.config import load_config
-from inference.engine import PREFILL_CHUNK
+from inference.engine import PREFILL_BESIDE, PREFILL_CHUNK
 from inference.errors import Cancelled, Timeout
 from inference.jobs import Done, Failed, Job, Sampling
 from inference.worker import Worker
@@ -90,7 +90,8 @@ def test_greedy_answers_are_the_same_alone_and_in_any_batch(loaded):
 def test_a_job_admitted_mid_way_and_a_long_prompt_change_no_answer(loaded):
     engine, prompts = loaded
     long_ids = encode(prompts, LONG)
-    assert len(long_ids) > 3 * PREFILL_CHUNK  # prefilled in chunks beside the others' decoding
+    # alone: one 256-row chunk and a tail; beside decoding streams: chunks of 32 rows
+    assert len(long_ids) > PREFILL_CHUNK > 3 * PREFILL_BESIDE
     jobs = [(encode(prompts, QUESTIONS[0]), GREEDY), (encode(prompts, QUESTIONS[2]), GREEDY)]
     jobs.append((long_ids, GREEDY))
     expected = [alone(engine, p, s) for p, s in jobs]

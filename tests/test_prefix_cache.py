@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from inference.config import load_config
-from inference.engine import PREFILL_CHUNK as PREFILL_BLOCK
+from inference.engine import PREFILL_BLOCK
 from inference.jobs import Sampling
 
 TURNS = [

@@ -19,6 +19,7 @@ LOGIT_TOLERANCE = 2.0
 MAX_MEAN_KL = 0.05
 MIN_TOP1_AGREEMENT = 0.92
 NEW_TOKENS = 24
+CONTEXT = 512
 QUESTIONS = [
     "What is the capital of France?",
     "Write a Python function that reverses a string.",
@@ -48,11 +49,13 @@ def fp32_model(model_dir):
 
 
 def load_int8(model_dir, tokenizer, quantize: str):
+    """The quantized model behind the forward the engine serves with."""
+    from inference.decoder import Decoder
     from inference.quantize import load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-    return load_quantized(model_dir, quantize, "auto", calibration)
+    return Decoder(load_quantized(model_dir, quantize, "auto", calibration), CONTEXT)
 
 
 @pytest.fixture(scope="module", params=["int8", "int8-row"])
@@ -68,18 +71,27 @@ def row_model(model_dir, tokenizer):
 
 @torch.inference_mode()
 def greedy(model, ids: list[int], stop: set[int]) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy answer and its logits: through transformers' forward for the fp32 reference,
+    through the served Decoder for the quantized models."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
-    inputs, out, logits = torch.tensor([ids]), [], []
+    from inference.decoder import Decoder, Segment
+
+    served = isinstance(model, Decoder)
+    cache = model.new_cache(CONTEXT) if served else DynamicCache(config=model.config)
+    inputs, out, logits = list(ids), [], []
     for _ in range(NEW_TOKENS):
-        step = model(input_ids=inputs, cache=cache, logits_to_keep=1).logits[0, -1].float()
+        if served:
+            step = model.forward([Segment(cache, inputs)])[0]
+        else:
+            step = model(input_ids=torch.tensor([inputs]), cache=cache, logits_to_keep=1)
+            step = step.logits[0, -1].float()
         token = int(step.argmax())
         out.append(token)
         logits.append(step)
         if token in stop:
             break
-        inputs = torch.tensor([[token]])
+        inputs = [token]
     return out, logits
 
 
@@ -125,11 +137,15 @@ def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
 def test_per_row_int8_next_token_distribution_stays_close_to_fp32(
     fp32_answers, fp32_model, row_model
 ):
+    from inference.decoder import Segment
+
     kl, agree, count = 0.0, 0, 0
     for ids, answer, _ in fp32_answers.values():
-        text = torch.tensor([ids + answer[:-1]])  # each answer token predicted from fp32's past
-        want = fp32_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
-        got = row_model(input_ids=text).logits[0, len(ids) - 1 :].float().log_softmax(-1)
+        text = ids + answer[:-1]  # each answer token predicted from fp32's past
+        want = fp32_model(input_ids=torch.tensor([text])).logits[0, len(ids) - 1 :]
+        want = want.float().log_softmax(-1)
+        got = row_model.forward([Segment(row_model.new_cache(CONTEXT), text)], every_row=True)
+        got = got[len(ids) - 1 :].log_softmax(-1)
         kl += float((want.exp() * (want - got)).sum())
         agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         count += len(answer)
@@ -146,13 +162,13 @@ def test_int8_knows_the_capital_of_france(tokenizer, int8_model):
 def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
     ids = torch.tensor([[1, 50, 500, 5000]])
     want = fp32_model.get_input_embeddings()(ids)
-    got = int8_model.get_input_embeddings()(ids)
+    got = int8_model.model.get_input_embeddings()(ids)
     assert got.dtype == torch.float32
     # int8 with one scale per 64 values: off by at most half a step (plus bf16 rounding)
     step = want.reshape(1, 4, -1, 64).abs().amax(dim=-1, keepdim=True) / 127
     error = (got - want).reshape(1, 4, -1, 64).abs()
     assert (error <= step * 0.51 + want.reshape(1, 4, -1, 64).abs() * 2**-8).all()
-    assert not isinstance(int8_model.get_output_embeddings(), torch.nn.Linear)
+    assert not isinstance(int8_model.model.get_output_embeddings(), torch.nn.Linear)
 
 
 def test_int4_linear_computes_the_dequantized_product():
