@@ -25,6 +25,7 @@ from inference.errors import (
     Timeout,
     Unavailable,
 )
+from inference.host import between_jobs  # latency (issue 11): GC between jobs
 from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 
 log = logging.getLogger("deskchat.worker")
@@ -223,6 +224,7 @@ class Worker:
                 self._loaded.set()
         while not self._stopping.is_set():
             self.heartbeat = time.monotonic()
+            between_jobs(len(self._waiting))  # latency (issue 11): GC here, not mid-job
             job = self._next_job()
             if job is None:
                 continue
