@@ -3,9 +3,9 @@ many of those stops fall inside a job; under each --gc-policy (inference/host.py
 
     python -m bench.gc_pauses [--model qwen-shape|embedded|DIR] [--requests 20]
 
-Loads the engine in this process as the server would (DESKCHAT_* settings), runs the
-requests one after another as the worker does (between_jobs() between them), and times every
-collection through gc.callbacks.
+Loads the engine in this process as the server would (DESKCHAT_* settings), times one full
+collection before and after the policy, runs the requests one after another as the worker
+does (between_jobs() between them), and times every collection through gc.callbacks.
 """
 
 from __future__ import annotations
@@ -52,6 +52,16 @@ class PauseClock:
         return out
 
 
+def _timed_full_collection() -> float:
+    """Milliseconds of one full collection now (the best of three)."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        gc.collect()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(min(times), 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gc_pauses", description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
@@ -71,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     engine.eos_ids = set()  # every answer max_tokens long
     ids = [prompts.encode(m) for m in PROMPTS.values()]
     engine.run(ids[0], Sampling(max_tokens=8), lambda _t: None, lambda: False)  # warm-up
+    full_ms = {"before_policy": _timed_full_collection()}
     apply_gc_policy(config.gc_policy)
+    full_ms["after_policy"] = _timed_full_collection()
     clock = PauseClock()
     gc.callbacks.append(clock)
     for n in range(args.requests):
@@ -83,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         clock.in_job = False
     gc.callbacks.remove(clock)
     result = {"gc_policy": config.gc_policy, "model": str(model_dir), **clock.report()}
+    result["full_collection_ms"] = full_ms  # what one oldest-generation pause costs
     result["loadavg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result, indent=2))
     return 0
