@@ -33,7 +33,7 @@ from bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 QUANTILES = (50, 90, 99, 99.9)
-WARMUP_REQUESTS = 3
+WARMUP_REQUESTS = 1
 SETTLE_S = 1.0  # noise running before the first measured request
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.

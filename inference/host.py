@@ -163,7 +163,7 @@ def lock_memory() -> str | None:
 def apply_gc_policy(policy: str) -> None:
     """'idle': collect once, freeze what exists (the model, torch, transformers: hundreds of
     thousands of objects that never die, which every oldest-generation collection would
-    otherwise walk), and stop the oldest generation from running by itself: idle_collect()
+    otherwise walk), and stop the oldest generation from running by itself: between_jobs()
     runs it between jobs. The young generations stay automatic (they are short).
     'python': Python's own thresholds, nothing frozen."""
     if policy == "python":
