@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: install run test lint bench bench-peer clean
+.PHONY: install run test lint bench bench-peer bench-latency clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ bench: install
 bench-peer: install
 	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(PY) -m pip install --quiet -r requirements-peer.txt
 	$(PY) -m bench --model qwen-shape --peer llamacpp
+
+# The latency table (README 'Steady latency'): every setting x every condition, ~45 min.
+bench-latency: install
+	$(PY) -m bench --latency --json latency.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -7,6 +7,7 @@ progress. SIGTERM stops it in order: new and queued requests get 503, then the p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 from inference.config import Config, ConfigError, load_config
 from inference.embedded import EmbeddedMissing
 from inference.grammar import SchemaCompiler
+from inference.host import Pinning, apply_gc_policy, lock_memory, name_this_thread, parse_cpu_list
 from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
 from inference.worker import Worker
@@ -89,9 +91,37 @@ def startup_failure(exc: BaseException, notifier: Notifier) -> int:
     return 2
 
 
+def _pinning(config: Config) -> tuple[Config, Pinning | None]:
+    """The CPU split of --cpu-affinity, with --threads capped at the pinned CPUs; the main
+    thread takes its share now, before it starts the HTTP threads (they inherit it)."""
+    if not config.cpu_affinity:
+        return config, None
+    pinning = Pinning(parse_cpu_list(config.cpu_affinity))
+    if pinning.threads(config.threads) < config.threads:
+        log.info(
+            "--threads %d capped at %d: --cpu-affinity %s pins that many CPUs",
+            config.threads,
+            pinning.threads(config.threads),
+            config.cpu_affinity,
+        )
+        config = dataclasses.replace(config, threads=pinning.threads(config.threads))
+    pinning.pin_others()
+    return config, pinning
+
+
+def _settle_host(config: Config) -> None:
+    """After the warm-up, with the model resident: lock it, then the GC policy."""
+    if config.mlock:
+        problem = lock_memory()
+        if problem:
+            log.warning("%s", problem)
+    apply_gc_policy(config.gc_policy)
+
+
 def serve(config: Config) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
+    config, pinning = _pinning(config)
     try:
         runtime.keys.replace(load_keys(config))
     except KeyFileError as exc:
@@ -135,6 +165,9 @@ def serve(config: Config) -> int:
 
     def load():  # runs in the inference thread: the model is built where it will run
         nonlocal prompts
+        name_this_thread()  # torch's OpenMP threads, started from here, inherit the name
+        if pinning:
+            pinning.pin_inference()  # ... and this CPU mask
         engine, prompts = load_model(choice, config, status)
         return engine
 
@@ -158,6 +191,7 @@ def serve(config: Config) -> int:
         abandon()
         return startup_failure(exc, notifier)
 
+    _settle_host(config)
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
     runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)

@@ -219,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-counts", default="1,2,4,8", help="with --batch-curve: concurrent clients"
     )
     parser.add_argument(
+        "--latency",
+        action="store_true",
+        help="the latency benchmark instead: TTFT and inter-token gaps per server setting "
+        "under CPU noise, bursts and memory pressure (python -m bench --latency --help)",
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -228,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--latency" in argv:  # its own options: bench/latency.py
+        from bench import latency
+
+        return latency.main([a for a in argv if a != "--latency"])
     args = build_parser().parse_args(argv)
     from inference.config import load_config
 

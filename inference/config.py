@@ -22,6 +22,7 @@ EMBEDDED_MODEL = "embedded"
 QUANTIZE_CHOICES = ("none", "int8", "int8-row", "int4")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+GC_POLICIES = ("python", "idle")  # inference/host.py applies them
 
 
 def physical_cores() -> int:
@@ -34,6 +35,12 @@ def physical_cores() -> int:
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "deskchat"
+
+
+def _cpu_list(text: str) -> str | None:
+    from inference.host import cpu_list_problem
+
+    return cpu_list_problem(text)
 
 
 def _networks(text: str) -> str | None:
@@ -185,6 +192,24 @@ class Config:
         "answered 408.",
         1,
         3600,
+    )
+    cpu_affinity: str | None = _setting(
+        None,
+        "CPUs for the inference thread and its OpenMP threads, as a list like 1 or 0-1,3; "
+        "the HTTP threads keep off them where other CPUs are left; --threads is capped at "
+        "their number. Empty: no pinning (README 'Steady latency').",
+        check=_cpu_list,
+    )
+    mlock: bool = _setting(
+        False,
+        "Lock the loaded model and the code that runs it in RAM (mlockall), so memory "
+        "pressure cannot page them out; needs LimitMEMLOCK=infinity (the unit has it).",
+    )
+    gc_policy: str = _setting(
+        "idle",
+        "Python garbage collector: idle (freeze what exists after loading; oldest "
+        "generation only between jobs) or python (its own thresholds).",
+        choices=GC_POLICIES,
     )
     log_level: str = _setting(
         "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS, upper=True

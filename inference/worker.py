@@ -30,6 +30,7 @@ from inference.errors import (
     Timeout,
     Unavailable,
 )
+from inference.host import between_jobs  # latency (issue 11): GC between jobs
 from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 
 log = logging.getLogger("deskchat.worker")
@@ -282,6 +283,9 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self.heartbeat = time.monotonic()
+                # latency (issue 11): the oldest GC generation here, between steps: whenever
+                # nothing runs or waits, else only now and then (host.between_jobs)
+                between_jobs(len(self._waiting) + len(self._running))
                 self._admit()
                 self._leave_if_stopped()
                 if not self._running:

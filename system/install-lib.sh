@@ -12,6 +12,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 readonly UNITS=(deskchat.service deskchat-tune.service)
 readonly UNIT_DIR="${SYSROOT}/etc/systemd/system"
 readonly CONF_DIR="${SYSROOT}/etc/deskchat"
+# The priority profile's drop-in (system/profiles/NAME.conf).
+readonly PROFILE_DROPIN="${UNIT_DIR}/deskchat.service.d/profile.conf"
+readonly PROFILES=(shared-desk dedicated-pc)
 # Options, set by the scripts' argument parsing.
 PREFIX=/opt/deskchat
 DRY_RUN=""

@@ -2,7 +2,9 @@
 #
 # Install deskchat as a systemd service: a venv and the app under the prefix
 # (/opt/deskchat), settings and API keys in /etc/deskchat, both units enabled.
-# Usage: install.sh [--prefix DIR] [--skip-pip] [--dry-run]
+# Usage: install.sh [--prefix DIR] [--profile NAME] [--skip-pip] [--dry-run]
+#   --profile shared-desk (default: the owner first) or dedicated-pc (the
+#   service first): the unit's priority drop-in, from system/profiles/.
 #   --skip-pip (or DESKCHAT_INSTALL_SKIP_PIP=1): create the venv without pip
 #   and install no packages (for tests). TORCH_INDEX=URL: extra pip index,
 #   e.g. https://download.pytorch.org/whl/cpu for the CPU-only torch wheel.
@@ -90,6 +92,9 @@ install_units() {
       chmod 0644 "${UNIT_DIR}/${unit}"
     fi
   done
+  run mkdir -p "$(dirname "${PROFILE_DROPIN}")"
+  run install -m 0644 "${HERE}/profiles/${PROFILE}.conf" "${PROFILE_DROPIN}"
+  echo "priority profile: ${PROFILE}"
   systemctl_files enable "${UNITS[@]}"
   # After enable: --root only writes the symlinks, and a running manager
   # learns of them (multi-user.target wants the units) only on a reload.
@@ -100,17 +105,24 @@ install_units() {
 
 main() {
   SKIP_PIP="${DESKCHAT_INSTALL_SKIP_PIP:-}"
+  PROFILE=shared-desk
   while (( $# )); do
     case "$1" in
       --prefix) PREFIX="${2:?--prefix needs a directory}"; shift ;;
       --prefix=*) PREFIX="${1#--prefix=}" ;;
+      --profile) PROFILE="${2:?--profile needs a name}"; shift ;;
+      --profile=*) PROFILE="${1#--profile=}" ;;
       --skip-pip) SKIP_PIP=1 ;;
       --dry-run) DRY_RUN=1 ;;
-      *) sed -n '3,10s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+      *) sed -n '3,12s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
     esac
     shift
   done
   PREFIX="${PREFIX%/}"
+  if [[ ! " ${PROFILES[*]} " == *" ${PROFILE} "* ]]; then
+    err "--profile must be one of: ${PROFILES[*]}"
+    exit 2
+  fi
   require_root
   PYTHON="$(choose_python)"
   echo "building the venv from ${PYTHON}"

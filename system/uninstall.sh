@@ -42,6 +42,9 @@ remove_units() {
     systemctl_files disable "${unit}"
     run rm -f "${UNIT_DIR}/${unit}"
   done
+  run rm -f "${PROFILE_DROPIN}"
+  [[ -d "$(dirname "${PROFILE_DROPIN}")" ]] && run rmdir --ignore-fail-on-non-empty \
+    "$(dirname "${PROFILE_DROPIN}")"
   systemd_running && run systemctl daemon-reload
   return 0
 }

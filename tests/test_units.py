@@ -214,3 +214,42 @@ def test_server_answers_under_memory_deny_write_execute(start_server, flags) -> 
     assert "Paris" in reply.json()["response"]
     if "bfloat16" in flags and native_bf16():
         assert "writable+executable memory is denied here" in server.log()
+
+
+PRIORITY = ("Nice", "CPUWeight", "IOWeight")
+
+
+def test_priority_profiles() -> None:
+    """shared desk restates the unit's own priority; dedicated PC puts the service first."""
+    unit = settings("deskchat.service")
+    shared = settings("profiles/shared-desk.conf")
+    dedicated = settings("profiles/dedicated-pc.conf")
+    assert {k: shared[k] for k in PRIORITY} == {k: unit[k] for k in PRIORITY}
+    assert int(shared["Nice"][-1]) > 0 and int(shared["CPUWeight"][-1]) < 100
+    assert int(dedicated["Nice"][-1]) < 0 and int(dedicated["CPUWeight"][-1]) > 100
+    assert "CPUSchedulingPolicy" not in dedicated  # no real-time: RestrictRealtime stays
+    assert "DESKCHAT_MLOCK=1" in dedicated["Environment"]
+    assert unit["LimitMEMLOCK"] == ["infinity"]  # --mlock needs it (inference/host.py)
+
+
+@pytest.mark.parametrize("profile", ["dedicated-pc", "shared-desk"])  # shared-desk last
+def test_profile_dropins_verify_and_keep_the_sandbox(
+    installed_root: Path, profile: str, tmp_path: Path
+) -> None:
+    src = fake_checkout(tmp_path)
+    done = run([src / "system/install.sh", "--skip-pip", "--profile", profile], installed_root)
+    assert done.returncode == 0, done.stderr
+    dropin = installed_root / "etc/systemd/system/deskchat.service.d/profile.conf"
+    assert dropin.read_text() == (SYSTEM / "profiles" / f"{profile}.conf").read_text()
+    code, complaints = verify(installed_root, *UNITS)
+    assert code == 0 and complaints == [], complaints
+    result = subprocess.run(
+        [need("systemd-analyze"), "security", "--offline=true", f"--root={installed_root}"]
+        + ["deskchat.service"],
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(EXPOSURE, result.stdout)
+    assert found and float(found.group(1)) < MAX_EXPOSURE, result.stdout + result.stderr
+    broken = run([src / "system/install.sh", "--skip-pip", "--profile", "fast"], installed_root)
+    assert broken.returncode == 2 and "--profile must be one of" in broken.stderr

@@ -1,0 +1,189 @@
+"""What the server asks of the host for steady latency: CPU pinning, locked memory, GC policy.
+
+Each knob is opt-in through a setting (inference/config.py) and says in one log line what it
+did. This module touches only the process itself (its threads' CPU masks, its memory locks,
+the interpreter's collector); kernel-wide tuning is system/tune.sh's, and the model is none of
+its business.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import resource
+
+log = logging.getLogger("deskchat.host")
+
+INFERENCE_THREAD_NAME = "deskchat-infer"  # what `ps -L` / /proc/PID/task/*/comm shows
+_PR_SET_NAME = 15
+MCL_CURRENT, MCL_ONFAULT = 1, 4
+_CAP_IPC_LOCK = 14
+
+# The oldest generation's threshold while the policy is on: in effect never by itself, only
+# when idle_collect() asks between jobs.
+GC_OLDEST_OFF = 1_000_000
+# Python's own default threshold for the oldest generation: with jobs waiting, collect
+# between two of them no less often than Python would have.
+BUSY_OLDEST_EVERY = 10
+
+
+# -- CPU affinity ----------------------------------------------------------------------------
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """'0-1,3' -> {0, 1, 3}, the kernel's cpulist format (as in CPUAffinity= and taskset -c)."""
+    cores: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"expected CPU numbers like 0-1,3, got {part!r}")
+        first, last = int(low), int(high or low)
+        if last < first:
+            raise ValueError(f"{part!r} runs backwards")
+        cores.update(range(first, last + 1))
+    if not cores:
+        raise ValueError("expected at least one CPU number")
+    return frozenset(cores)
+
+
+def cpu_list_problem(text: str) -> str | None:
+    """Why `text` is not a cpulist this process may run on, or None (a Config check)."""
+    try:
+        cores = parse_cpu_list(text)
+    except ValueError as exc:
+        return str(exc)
+    allowed = os.sched_getaffinity(0)
+    if not cores <= allowed:
+        return f"CPUs {format_cpu_list(cores - allowed)} are not available here " + (
+            f"(this process may use {format_cpu_list(allowed)})"
+        )
+    return None
+
+
+def format_cpu_list(cores) -> str:
+    return ",".join(str(c) for c in sorted(cores))
+
+
+class Pinning:
+    """Where the inference thread (and the OpenMP threads it starts) run, and everyone else.
+
+    Why: the two OpenMP threads of a token step wait for each other; an HTTP thread, the
+    tokenizer or the owner's programs landing on their core delays the whole token. Threads
+    inherit their creator's mask, so the main thread takes the 'rest' mask before it starts
+    the HTTP threads, and the inference thread takes its own before torch starts its pool.
+    """
+
+    def __init__(self, inference: frozenset[int], allowed: frozenset[int] | None = None):
+        allowed = frozenset(os.sched_getaffinity(0) if allowed is None else allowed)
+        self.inference = inference
+        # With every core given to inference there is nowhere else to go: share them all.
+        self.rest = (allowed - inference) or allowed
+
+    def threads(self, wanted: int) -> int:
+        """No more OpenMP threads than pinned cores: two on one core take turns every step."""
+        return min(wanted, len(self.inference))
+
+    def pin_others(self) -> None:
+        """Call in the main thread before it starts the HTTP threads."""
+        os.sched_setaffinity(0, self.rest)
+
+    def pin_inference(self) -> None:
+        """Call in the inference thread before the model is loaded."""
+        os.sched_setaffinity(0, self.inference)
+        log.info(
+            "inference thread on CPUs %s, HTTP and other threads on %s",
+            format_cpu_list(self.inference),
+            format_cpu_list(self.rest),
+        )
+
+
+def name_this_thread(name: str = INFERENCE_THREAD_NAME) -> None:
+    """Name the calling OS thread (15 bytes at most); threads it starts inherit the name,
+    so torch's OpenMP threads show up as the inference thread's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+# -- locked memory ----------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _can_lock_any() -> bool:
+    """CAP_IPC_LOCK in the effective set: the limit does not apply (root outside a unit)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> _CAP_IPC_LOCK & 1)
+    return False
+
+
+def _mb(kb: float) -> str:
+    return f"{kb / 1024:.0f} MB"
+
+
+def lock_memory() -> str | None:
+    """mlockall(MCL_CURRENT | MCL_ONFAULT): what is resident now (the weights, the code
+    that runs them) stays in RAM; pages never touched are not pulled in, so RSS does not
+    grow. Why: under memory pressure the kernel evicts file-backed pages (libtorch's code)
+    even without swap, and swaps the weights out where there is swap; the next token then
+    waits for the disk. Returns None when locked, else the one-line reason it is not.
+
+    The kernel checks the whole mapped size (VmSize) against RLIMIT_MEMLOCK, not only what
+    is resident, so the unit sets LimitMEMLOCK=infinity."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    mapped_kb = _status_kb("VmSize")
+    if soft != resource.RLIM_INFINITY and soft < mapped_kb * 1024 and not _can_lock_any():
+        return (
+            f"--mlock: not locked: the memory lock limit is {_mb(soft / 1024)} and the server "
+            f"maps {_mb(mapped_kb)}; set LimitMEMLOCK=infinity in the unit (or ulimit -l "
+            "unlimited), or turn --mlock off"
+        )
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mlockall(MCL_CURRENT | MCL_ONFAULT) != 0:
+        err = ctypes.get_errno()
+        return f"--mlock: not locked: mlockall failed ({os.strerror(err)})"
+    log.info(
+        "memory locked (mlockall, on fault): the %s resident now stay", _mb(_status_kb("VmRSS"))
+    )
+    return None
+
+
+# -- the garbage collector --------------------------------------------------------------------
+
+
+def apply_gc_policy(policy: str) -> None:
+    """'idle': collect once, freeze what exists (the model, torch, transformers: hundreds of
+    thousands of objects that never die, which every oldest-generation collection would
+    otherwise walk), and stop the oldest generation from running by itself: between_jobs()
+    runs it between jobs. The young generations stay automatic (they are short).
+    'python': Python's own thresholds, nothing frozen."""
+    if policy == "python":
+        return
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, GC_OLDEST_OFF)
+    log.info("GC: %d objects frozen; oldest generation only between jobs", gc.get_freeze_count())
+
+
+def between_jobs(queued: int) -> bool:
+    """Under the 'idle' policy, run the oldest generation here, between two jobs in the
+    inference thread, so that no token waits for it: whenever it has work and no job waits,
+    and after BUSY_OLDEST_EVERY younger collections even when jobs wait (a server that is
+    never idle still collects). Returns whether it collected; a no-op under 'python'."""
+    if gc.get_threshold()[2] != GC_OLDEST_OFF:
+        return False
+    pending = gc.get_count()[2]  # generation-1 collections since the last full one
+    if pending >= BUSY_OLDEST_EVERY or (pending and not queued):
+        gc.collect()
+        return True
+    return False
