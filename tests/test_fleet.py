@@ -45,9 +45,11 @@ def start_nginx(tmp_path):
 
 @pytest.fixture
 def fleet(fake_server, start_nginx):
-    """Three scripted-engine servers and nginx in front of them."""
+    """Three scripted-engine servers and nginx in front of them; each PC runs one job at a
+    time, so "full" is one running and the queue full."""
 
     def make(*flags: str, token_s: float = 0.02, pcs: int = 3):
+        flags = ("--max-batch", "1", *flags)
         servers = [fake_server(FakeEngine(token_s=token_s), *flags) for _ in range(pcs)]
         proxy = start_nginx([address(s) for s in servers])
         return servers, proxy
@@ -244,7 +246,7 @@ def backends(tmp_path):
     started: list[BackendProcess] = []
 
     def start(*flags: str, token_s: float) -> BackendProcess:
-        backend = BackendProcess(tmp_path, *flags, token_s=token_s)
+        backend = BackendProcess(tmp_path, "--max-batch", "1", *flags, token_s=token_s)
         started.append(backend)
         return backend
 

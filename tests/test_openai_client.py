@@ -20,7 +20,15 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai")
     (tmp / "keys").write_text(f"# test keys\nclient-test:{KEY}\n")
     proc = ServerProcess(
-        tmp, "--model", "embedded", "--api-keys-file", str(tmp / "keys"), "--max-queue", "1"
+        tmp,
+        "--model",
+        "embedded",
+        "--api-keys-file",
+        str(tmp / "keys"),
+        "--max-queue",
+        "1",
+        "--max-batch",
+        "1",
     )
     try:
         yield proc.wait_ready()

@@ -224,7 +224,15 @@ def test_shift_enter_is_a_new_line_and_enter_sends(browser, fake_server):
 
 
 def test_a_busy_server_is_retried_after_retry_after(browser, fake_server):
-    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "1", "--max-tokens-default", "10")
+    server = fake_server(
+        FakeEngine(token_s=0.05),
+        "--max-queue",
+        "1",
+        "--max-batch",
+        "1",
+        "--max-tokens-default",
+        "10",
+    )
     runner = Stream(server.url, {"message": "run", "max_tokens": 40})  # 2 s
     assert server.engine.started.wait(5)
     queued = threading.Thread(target=lambda: request(server.url, "POST", "/chat", {"message": "q"}))
