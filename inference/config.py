@@ -20,6 +20,7 @@ from pathlib import Path
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
 QUANTIZE_CHOICES = ("none", "int8", "int8-row", "int4")
+INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -104,6 +105,13 @@ class Config:
         "(per-row scales: batch-invariant, closer to fp32, slower so far) or int4 "
         "(weight-only); README 'Speed' has each one's measured effect.",
         choices=QUANTIZE_CHOICES,
+    )
+    int8_engine: str = _setting(
+        "auto",
+        "Kernel of the int8 Linears: auto (the fastest known to work on this CPU; README "
+        "'Old CPUs'), fbgemm (AVX2 and newer), onednn (AVX and newer) or qnnpack (SSE4.2); "
+        "one this CPU cannot run is refused at start.",
+        choices=INT8_ENGINE_CHOICES,
     )
     dtype: str = _setting(
         "auto",
