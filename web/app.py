@@ -123,6 +123,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             "queue": {"depth": worker.depth, "capacity": worker.capacity},
             "busy": worker.busy,
         }
+        if runtime.cpu is not None:
+            body["cpu"] = runtime.cpu
         return jsonify(body), 200 if worker.alive else 503
 
     app.register_blueprint(chat_api.blueprint(config, runtime))
