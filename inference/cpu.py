@@ -102,12 +102,13 @@ def isa_level(flags: frozenset[str], capability: str = "AVX512") -> str:
 def int8_engines(isa: str, engines: tuple[str, ...]) -> list[str]:
     """torch.ao int8 engines that work on `isa`, fastest first. fbgemm needs AVX2; oneDNN's
     dynamic int8 Linear died with SIGILL under `qemu -cpu Nehalem` (SSE4.2) and worked under
-    `-cpu SandyBridge`; qnnpack (SSE2 kernels) worked on both. Nothing was tried older
-    than SSE4.2, so such CPUs compute in fp32."""
+    `-cpu SandyBridge`; qnnpack (SSE2 kernels) worked on both. With AVX only, qnnpack
+    decoded faster than oneDNN (which prefills faster): README "Old CPUs". Nothing was
+    tried older than SSE4.2 (the pinned numpy does not even import there): fp32."""
     order = {
         "avx512": ("fbgemm", "onednn", "qnnpack"),
         "avx2": ("fbgemm", "onednn", "qnnpack"),
-        "avx": ("onednn", "qnnpack"),
+        "avx": ("qnnpack", "onednn"),
         "sse4.2": ("qnnpack",),
     }.get(isa, ())
     return [e for e in order if e in engines]

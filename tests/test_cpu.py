@@ -27,10 +27,10 @@ GENERATIONS = [
      "none", "none"),
     ("Nehalem / Westmere", facts(SSE42, "DEFAULT", NO_FBGEMM), "sse4.2", False, "qnnpack",
      "none", "aten"),
-    ("Sandy / Ivy Bridge", facts(AVX, "DEFAULT", NO_FBGEMM), "avx", False, "onednn", "none",
+    ("Sandy / Ivy Bridge", facts(AVX, "DEFAULT", NO_FBGEMM), "avx", False, "qnnpack", "none",
      "aten"),
     ("AMD Bulldozer (FMA4, no AVX2)", facts(AVX | {"fma4"}, "DEFAULT", NO_FBGEMM), "avx", False,
-     "onednn", "none", "aten"),
+     "qnnpack", "none", "aten"),
     ("Haswell", facts(AVX2, "AVX2"), "avx2", False, "fbgemm", "none", "aten"),
     ("Alder Lake (AVX-VNNI)", facts(AVX2 | {"avx_vnni"}, "AVX2"), "avx2", True, "fbgemm",
      "onednn", "aten"),
@@ -72,12 +72,12 @@ def test_torch_capability_caps_the_generation():
         "none",
     )
     default = cpu.choose(facts(AVX512, "DEFAULT"))
-    assert (default.isa, default.int8) == ("avx", "onednn")
+    assert (default.isa, default.int8) == ("avx", "qnnpack")
 
 
 def test_an_engine_torch_lacks_is_not_chosen():
     assert cpu.choose(facts(AVX2, "AVX2", engines=NO_FBGEMM)).int8 == "onednn"
-    assert cpu.choose(facts(AVX, "DEFAULT", engines=("qnnpack",))).int8 == "qnnpack"
+    assert cpu.choose(facts(AVX, "DEFAULT", engines=("onednn",))).int8 == "onednn"
     assert cpu.choose(facts(SSE42, "DEFAULT", engines=("onednn",))).int8 == "none"
 
 
@@ -168,4 +168,4 @@ def test_an_int8_engine_this_cpu_cannot_run_is_refused(generation, engine):
 def test_an_int8_engine_that_works_is_used_as_asked():
     chosen = cpu.plan(paths_of("Haswell"), "int8", "qnnpack")
     assert chosen.paths.int8 == "qnnpack" and chosen.as_dict()["paths"]["int8"] == "qnnpack"
-    assert cpu.plan(paths_of("Sandy / Ivy Bridge"), "int8", "qnnpack").paths.int8 == "qnnpack"
+    assert cpu.plan(paths_of("Sandy / Ivy Bridge"), "int8", "onednn").paths.int8 == "onednn"
