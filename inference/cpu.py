@@ -73,7 +73,7 @@ class Paths:
     int8: str  # torch.ao dynamic int8 engine: fbgemm, onednn, qnnpack, or none (fp32)
     int8_engines: tuple[str, ...]  # every engine that works here, fastest first
     int8_row: str  # onednn (s8 x s8, needs VNNI) or none
-    int4: str  # aten (its int4 kernel; vectorised from AVX2 on) or none
+    int4: str  # aten (AVX2 and newer), aten-default (runs, slowly) or none
     bf16: str  # native or none (then fp32)
     attention: str  # fp32 scaled-dot-product attention at torch's kernel level
 
@@ -131,8 +131,9 @@ def choose(facts: CpuFacts) -> Paths:
         int8=engines[0] if engines else NONE,
         int8_engines=tuple(engines),
         int8_row=row,
-        # Checked correct under qemu Nehalem and SandyBridge (scalar kernel below AVX2).
-        int4="aten" if isa != OLDER else NONE,
+        # Correct under qemu Nehalem and SandyBridge, but without AVX2 ATen's kernel is its
+        # DEFAULT build: 5-30x slower than fp32 there (README "Old CPUs").
+        int4=NONE if isa == OLDER else "aten" if isa in ("avx512", "avx2") else "aten-default",
         bf16="native" if facts.bf16_native else NONE,
         attention=f"fp32 ({facts.capability.upper()} kernels)",
     )
