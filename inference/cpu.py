@@ -132,7 +132,7 @@ def choose(facts: CpuFacts) -> Paths:
         int8_engines=tuple(engines),
         int8_row=row,
         # Correct under qemu Nehalem and SandyBridge, but without AVX2 ATen's kernel is its
-        # DEFAULT build: 5-30x slower than fp32 there (README "Old CPUs").
+        # DEFAULT build: decode 5-8x, prefill ~30x slower than fp32 there (README "Old CPUs")
         int4=NONE if isa == OLDER else "aten" if isa in ("avx512", "avx2") else "aten-default",
         bf16="native" if facts.bf16_native else NONE,
         attention=f"fp32 ({facts.capability.upper()} kernels)",
