@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from inference import cpu
 from inference.config import Config, ConfigError, load_config
 from inference.embedded import EmbeddedMissing
 from inference.grammar import SchemaCompiler
@@ -118,9 +119,11 @@ def _settle_host(config: Config) -> None:
     apply_gc_policy(config.gc_policy)
 
 
-def serve(config: Config) -> int:
+def serve(config: Config, plan: cpu.Plan | None = None) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
+    plan = plan or cpu.plan_here(config.quantize, config.int8_engine)
+    runtime.cpu = plan.as_dict()
     config, pinning = _pinning(config)
     try:
         runtime.keys.replace(load_keys(config))
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_progress_bars(sys.stderr)
     try:
         config = load_config(argv)
+        # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
+        plan = cpu.plan_here(config.quantize, config.int8_engine)
     except ConfigError as exc:
         print(f"server.py: {exc}", file=sys.stderr)
         return 2
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    code = serve(config)
+    code = serve(config, plan)
     _leave_now_if_still_loading(code)
     return code
 

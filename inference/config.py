@@ -19,7 +19,8 @@ from pathlib import Path
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
-QUANTIZE_CHOICES = ("none", "int8", "int8-row", "int4")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "int8-row", "int4")
+INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 GC_POLICIES = ("python", "idle")  # inference/host.py applies them
@@ -106,12 +107,20 @@ class Config:
     cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
     quantize: str = _setting(
-        "int8-row",
-        "Linear layers (lm_head too) as none (float), int8-row (per-row activation scales: "
-        "batch-invariant answers, closest to float; needs it for --max-batch above 1), int8 "
-        "(dynamic, one scale per forward, smoothed) or int4 (weight-only); README 'Speed' "
-        "has each one's measured effect.",
+        "auto",
+        "Linear layers (lm_head too): auto (int8-row where the CPU has VNNI, else int8, else "
+        "none), none (float), int8-row (per-row activation scales: batch-invariant answers, "
+        "closest to float; needed for --max-batch above 1), int8 (dynamic, one scale per "
+        "forward, smoothed) or int4 (weight-only); README 'Speed' and 'Old CPUs' have each "
+        "one's measured effect.",
         choices=QUANTIZE_CHOICES,
+    )
+    int8_engine: str = _setting(
+        "auto",
+        "Kernel of the int8 Linears: auto (the fastest known to work on this CPU; README "
+        "'Old CPUs'), fbgemm (AVX2 and newer), onednn (AVX and newer) or qnnpack (SSE4.2); "
+        "one this CPU cannot run is refused at start.",
+        choices=INT8_ENGINE_CHOICES,
     )
     dtype: str = _setting(
         "auto",

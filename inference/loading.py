@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.config import EMBEDDED_MODEL, Config
+from inference.cpu import CpuUnsupported
 from inference.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
 
 log = logging.getLogger("deskchat.loading")
@@ -145,7 +146,7 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
     Whatever keeps the folder from loading is a ModelLoadError of one line."""
     try:
         return _load_model(choice, config, status)
-    except ModelLoadError:
+    except (ModelLoadError, CpuUnsupported):
         raise
     except Exception as exc:  # transformers, safetensors and torch each raise their own
         log.debug("loading %s failed", choice.path, exc_info=exc)
@@ -161,13 +162,18 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference import rowint8
+    from inference import cpu, rowint8
     from inference.engine import Engine
     from inference.prompt import PromptBuilder
     from inference.quantize import compute_dtype, load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
     torch.set_num_threads(config.threads)
+    plan = cpu.plan_here(config.quantize, config.int8_engine)
+    fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
+    (log.warning if fell_back else log.info)("%s", plan.summary())
+    cpu.use(plan)
+    quantize = plan.quantize
     status(f"loading {choice.name}")
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(choice.path)
@@ -177,13 +183,13 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
             "(chat) models; use an -Instruct model folder"
         )
     prompt_tokenizer = AutoTokenizer.from_pretrained(choice.path)
-    if config.quantize == "none":
-        dtype = compute_dtype(config.quantize, config.dtype)
+    if quantize == "none":
+        dtype = compute_dtype(quantize, config.dtype)
         model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-        model = load_quantized(choice.path, config.quantize, config.dtype, calibration)
+        model = load_quantized(choice.path, quantize, config.dtype, calibration)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",
@@ -192,7 +198,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         time.monotonic() - started,
         config.threads,
         context,
-        config.quantize,
+        quantize,
     )
     engine = Engine(
         model,
@@ -201,6 +207,6 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         context,
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
-        batch_invariant=config.quantize == "int8-row" and rowint8.available(),
+        batch_invariant=quantize == "int8-row" and rowint8.available(),
     )
     return engine, PromptBuilder(prompt_tokenizer, context)

@@ -121,12 +121,16 @@ def test_answers_errors_and_tokens_are_counted(fake_server):
 
 
 def test_state_gauges_model_info_and_process_collectors(fake_server):
-    samples = scrape(fake_server(None, "--max-queue", "3").url)
+    server = fake_server(None, "--max-queue", "3")
+    # What an old CPU without an int8 kernel serves for the default int8 (inference/cpu.py)
+    server.runtime.cpu = {"isa": "older", "paths": {"int8": "none"}, "quantize": "none"}
+    samples = scrape(server.url)
     assert value(samples, "deskchat_ready") == 1
     assert value(samples, "deskchat_queue_capacity") == 3
     assert value(samples, "deskchat_queue_depth") == 0
     assert value(samples, "deskchat_running_jobs") == 0
-    assert value(samples, "deskchat_model_info", model="fake", quantization="int8") == 1
+    info = {"model": "fake", "quantization": "none", "cpu_isa": "older", "int8_path": "none"}
+    assert value(samples, "deskchat_model_info", **info) == 1
     assert value(samples, "process_resident_memory_bytes") > 10_000_000
     assert value(samples, "process_open_fds") > 0
     assert ("process_cpu_seconds_total", ()) in samples

@@ -118,6 +118,14 @@ def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
     assert time.monotonic() - started < 10
 
 
+def test_health_and_the_log_show_the_cpu_paths(embedded_server):
+    from inference import cpu
+
+    plan = cpu.plan_here("int8")
+    assert request(embedded_server.url, "GET", "/health").json()["cpu"] == plan.as_dict()
+    assert embedded_server.log().count(f"INFO deskchat.loading: {plan.summary()}") == 1
+
+
 def test_health_answers_while_generating(embedded_server):
     result = {}
     runner = threading.Thread(

@@ -124,6 +124,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             "batch": {"running": worker.running, "capacity": worker.max_batch},
             "busy": worker.busy,
         }
+        if runtime.cpu is not None:
+            body["cpu"] = runtime.cpu
         return jsonify(body), 200 if worker.alive else 503
 
     app.register_blueprint(chat_api.blueprint(config, runtime))

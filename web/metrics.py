@@ -68,10 +68,17 @@ class _LiveState:
             "deskchat_ready", "1 once the model is loaded and serving, 0 before.", int(bool(worker))
         )
         if worker is not None:
+            cpu = self.runtime.cpu or {}
             yield InfoMetricFamily(
                 "deskchat_model",
-                "The model served and how its linear layers are stored.",
-                value={"model": self.runtime.model_name, "quantization": self.config.quantize},
+                "The model served, how its linear layers are stored (what runs: an old CPU "
+                "may serve fp32 for the default int8), the CPU generation and int8 kernel.",
+                value={
+                    "model": self.runtime.model_name,
+                    "quantization": cpu.get("quantize", self.config.quantize),
+                    "cpu_isa": cpu.get("isa", "unknown"),
+                    "int8_path": cpu.get("paths", {}).get("int8", "unknown"),
+                },
             )
         depth = worker.depth if worker else 0
         yield GaugeMetricFamily("deskchat_queue_depth", "Jobs waiting in the FIFO.", depth)

@@ -20,6 +20,7 @@ class Runtime:
     grammars: SchemaCompiler | None = None  # JSON schemas -> token masks
     keys: KeyRing = field(default_factory=KeyRing)
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
+    cpu: dict | None = None  # inference.cpu.Plan.as_dict(): the CPU's paths, for /health
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,267 @@
+"""What this CPU offers, and which path each part of the model takes on it.
+
+Old office PCs lack AVX2 (Sandy/Ivy Bridge) or even AVX (Nehalem/Westmere), and a kernel that
+uses a missing instruction kills the process with SIGILL, no log line. So the paths are
+chosen from the CPU's flags before anything runs, from what was seen to work under
+`qemu-x86_64 -cpu MODEL` (README "Old CPUs"). `choose()` is pure (flags in, paths out) so
+tests can fake every generation; `detect()` reads this machine. It knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.config import ConfigError
+
+log = logging.getLogger("deskchat.cpu")
+
+# Generations, newest first: each needs the flags of its own line and of those below it.
+ISA_LEVELS = (
+    ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx2", ("avx2", "fma")),
+    ("avx", ("avx",)),
+    ("sse4.2", ("sse4_2",)),
+)
+OLDER = "older"
+# torch's ATen kernel level (torch.backends.cpu.get_cpu_capability()) can be lowered with
+# ATEN_CPU_CAPABILITY; a level above it is not assumed, so the caps the README measures with
+# also steer the choice here.
+CAPABILITY_CEILING = {"AVX512": "avx512", "AVX2": "avx2"}
+
+# numpy's names for the flags of this process's CPUID (what an emulator shows; /proc/cpuinfo
+# under qemu-user is the host's) -> /proc/cpuinfo's names.
+CPUID_NAMES = {
+    "SSE42": "sse4_2",
+    "AVX": "avx",
+    "FMA3": "fma",
+    "AVX2": "avx2",
+    "AVX512F": "avx512f",
+    "AVX512BW": "avx512bw",
+    "AVX512VL": "avx512vl",
+    "AVX512DQ": "avx512dq",
+    "AVX512VNNI": "avx512_vnni",
+    "AVX512BF16": "avx512_bf16",
+}
+
+NONE = "none"
+
+
+class CpuUnsupported(ConfigError):
+    """An explicit --quantize that cannot work on this CPU: a start-up error, not a crash."""
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """What the CPU and torch say; the input of `choose()`."""
+
+    flags: frozenset[str]  # /proc/cpuinfo names: avx2, fma, avx512_vnni, ...
+    capability: str = "DEFAULT"  # torch.backends.cpu.get_cpu_capability()
+    engines: tuple[str, ...] = ()  # torch.backends.quantized.supported_engines
+    bf16_native: bool = False  # oneDNN computes bf16 natively (AVX512-BF16 or AMX)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The kernel each part uses here; NONE where no kernel is known to work."""
+
+    isa: str  # avx512, avx2, avx, sse4.2 or older
+    vnni: bool
+    int8: str  # torch.ao dynamic int8 engine: fbgemm, onednn, qnnpack, or none (fp32)
+    int8_engines: tuple[str, ...]  # every engine that works here, fastest first
+    int8_row: str  # onednn (s8 x s8, needs VNNI) or none
+    int4: str  # aten (AVX2 and newer), aten-default (runs, slowly) or none
+    bf16: str  # native or none (then fp32)
+    attention: str  # fp32 scaled-dot-product attention at torch's kernel level
+
+    def as_dict(self) -> dict:
+        """For /health: the generation and each part's path."""
+        keys = ("int8", "int8_row", "int4", "bf16", "attention")
+        return {"isa": self.isa, "vnni": self.vnni, "paths": {k: getattr(self, k) for k in keys}}
+
+
+def isa_level(flags: frozenset[str], capability: str = "AVX512") -> str:
+    """The newest generation whose flags (and all older ones') are present, capped at
+    torch's kernel level."""
+    ceiling = CAPABILITY_CEILING.get(capability.upper(), "avx")
+    names = [name for name, _ in ISA_LEVELS]
+    allowed = names[names.index(ceiling) :]
+    have = OLDER
+    for name, needed in reversed(ISA_LEVELS):
+        if not flags.issuperset(needed):
+            break
+        have = name
+    if have == OLDER or have in allowed:
+        return have
+    return allowed[0]
+
+
+def int8_engines(isa: str, engines: tuple[str, ...]) -> list[str]:
+    """torch.ao int8 engines that work on `isa`, fastest first. fbgemm needs AVX2; oneDNN's
+    dynamic int8 Linear died with SIGILL under `qemu -cpu Nehalem` (SSE4.2) and worked under
+    `-cpu SandyBridge`; qnnpack (SSE2 kernels) worked on both. With AVX only, qnnpack
+    decoded faster than oneDNN (which prefills faster): README "Old CPUs". Nothing was
+    tried older than SSE4.2 (the pinned numpy does not even import there): fp32."""
+    order = {
+        "avx512": ("fbgemm", "onednn", "qnnpack"),
+        "avx2": ("fbgemm", "onednn", "qnnpack"),
+        "avx": ("qnnpack", "onednn"),
+        "sse4.2": ("qnnpack",),
+    }.get(isa, ())
+    return [e for e in order if e in engines]
+
+
+def choose(facts: CpuFacts) -> Paths:
+    """The path of each part on a CPU with these facts."""
+    isa = isa_level(facts.flags, facts.capability)
+    # AVX-512 VNNI, or AVX-VNNI on an AVX2 CPU (Alder Lake and later).
+    vnni = (isa == "avx512" and "avx512_vnni" in facts.flags) or (
+        isa in ("avx512", "avx2") and "avx_vnni" in facts.flags
+    )
+    engines = int8_engines(isa, facts.engines)
+    # oneDNN's s8 x s8 GEMM without VNNI sums pairs in 16 bits and saturates (results off by
+    # 46% of their range, measured under ONEDNN_MAX_CPU_ISA=AVX2 and under qemu).
+    row = "onednn" if vnni and "onednn" in facts.engines else NONE
+    return Paths(
+        isa=isa,
+        vnni=vnni,
+        int8=engines[0] if engines else NONE,
+        int8_engines=tuple(engines),
+        int8_row=row,
+        # Correct under qemu Nehalem and SandyBridge, but without AVX2 ATen's kernel is its
+        # DEFAULT build: decode 5-8x, prefill ~30x slower than fp32 there (README "Old CPUs")
+        int4=NONE if isa == OLDER else "aten" if isa in ("avx512", "avx2") else "aten-default",
+        bf16="native" if facts.bf16_native else NONE,
+        attention=f"fp32 ({facts.capability.upper()} kernels)",
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The paths of this CPU and the quantization actually served."""
+
+    paths: Paths
+    requested: str  # --quantize
+    quantize: str  # what is served: `requested`, or none where int8 cannot run
+
+    def summary(self) -> str:
+        """The one log line of what was found and chosen."""
+        p = self.paths
+        fallback = ""
+        if self.requested == DEFAULT_QUANTIZE:
+            fallback = f" (auto: {self.paths.isa}{', VNNI' if self.paths.vnni else ', no VNNI'})"
+        elif self.quantize != self.requested:
+            fallback = f" (asked {self.requested}: no int8 kernel is known to work here)"
+        return (
+            f"cpu {p.isa}{' +vnni' if p.vnni else ''}: int8 {p.int8}, int8-row {p.int8_row}, "
+            f"int4 {p.int4}, bf16 {p.bf16}, attention {p.attention}; "
+            f"serving quantize={self.quantize}{fallback}"
+        )
+
+    def as_dict(self) -> dict:
+        return {**self.paths.as_dict(), "quantize": self.quantize}
+
+
+DEFAULT_QUANTIZE = "auto"
+
+
+def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
+    """What to serve for --quantize `requested` and --int8-engine on a CPU with `paths`.
+    The defaults never fail (fp32 where no int8 kernel works); another choice that cannot
+    run here is refused with a message saying why and what to use instead."""
+    if int8_engine != "auto":
+        if int8_engine not in paths.int8_engines:
+            usable = ", ".join(paths.int8_engines) or "none"
+            raise CpuUnsupported(
+                f"--int8-engine {int8_engine} (DESKCHAT_INT8_ENGINE) cannot work on this CPU "
+                f"({paths.isa}): fbgemm needs AVX2, onednn AVX (it dies with an illegal "
+                f"instruction on SSE4.2); usable here: {usable}; or leave it at auto"
+            )
+        paths = dataclasses.replace(paths, int8=int8_engine)
+    if requested == DEFAULT_QUANTIZE:  # batch-invariant where it runs, then the fastest int8
+        best = "int8-row" if paths.int8_row != NONE else "int8" if paths.int8 != NONE else NONE
+        return Plan(paths, requested, best)
+    if requested == "int8" and paths.int8 == NONE:
+        return Plan(paths, requested, NONE)
+    why = {
+        "int8-row": (
+            paths.int8_row,
+            "needs VNNI (AVX512-VNNI or AVX-VNNI): oneDNN's s8 x s8 GEMM saturates without it",
+        ),
+        "int4": (paths.int4, "its kernel was only checked on CPUs with SSE4.2 or newer"),
+    }.get(requested)
+    if why is not None and why[0] == NONE:
+        raise CpuUnsupported(
+            f"--quantize {requested} (DESKCHAT_QUANTIZE) cannot work on this CPU "
+            f"({paths.isa}, {'VNNI' if paths.vnni else 'no VNNI'}): it {why[1]}; use "
+            f"--quantize auto (the default), int8 ({paths.int8} here) or none"
+        )
+    return Plan(paths, requested, requested)
+
+
+def proc_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The kernel's flags of the first CPU, or None where there is no /proc/cpuinfo."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
+def cpuid_flags() -> dict[str, bool]:
+    """This process's CPUID as numpy reads it (OS support for AVX state included), in
+    /proc/cpuinfo's names; empty when numpy does not say."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        return {}
+    return {name: bool(features[key]) for key, name in CPUID_NAMES.items() if key in features}
+
+
+def merge_flags(kernel: frozenset[str] | None, cpuid: dict[str, bool]) -> frozenset[str]:
+    """A flag counts when the kernel lists it and CPUID, where it speaks of it, agrees.
+    Under qemu-user /proc/cpuinfo is the host's, while CPUID is the emulated CPU's; a
+    kernel that disabled a feature (clearcpuid=) leaves it out of /proc/cpuinfo."""
+    if kernel is None:
+        return frozenset(name for name, on in cpuid.items() if on)
+    return frozenset(f for f in kernel if cpuid.get(f, True))
+
+
+@functools.cache
+def detect() -> CpuFacts:
+    """The facts of this machine (read once per process)."""
+    import torch
+
+    from inference.quantize import native_bf16
+
+    return CpuFacts(
+        flags=merge_flags(proc_flags(), cpuid_flags()),
+        capability=torch.backends.cpu.get_cpu_capability(),
+        engines=tuple(torch.backends.quantized.supported_engines),
+        bf16_native=native_bf16(),
+    )
+
+
+def plan_here(requested: str, int8_engine: str = "auto") -> Plan:
+    """This machine's plan for --quantize and --int8-engine; raises CpuUnsupported."""
+    return plan(choose(detect()), requested, int8_engine)
+
+
+def use(chosen: Plan) -> None:
+    """Point torch.ao at the chosen int8 engine (a process-wide setting): its default on an
+    old CPU (oneDNN on SSE4.2) is one that dies with SIGILL."""
+    import torch
+
+    engine = chosen.paths.int8
+    if engine == NONE:
+        return
+    if engine == "fbgemm" and "x86" in torch.backends.quantized.supported_engines:
+        engine = "x86"  # torch's default where fbgemm exists: fbgemm for Linear layers
+    torch.backends.quantized.engine = engine

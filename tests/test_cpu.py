@@ -1,0 +1,184 @@
+"""The CPU's paths: the choice for every generation (faked flags), the refusal of an explicit
+--quantize that cannot run, and the flags read from /proc/cpuinfo and CPUID."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference import cpu
+from inference.config import ConfigError
+
+ALL_ENGINES = ("qnnpack", "onednn", "x86", "fbgemm")
+NO_FBGEMM = ("qnnpack", "onednn")  # what torch offers without AVX2 (seen under qemu)
+
+SSE42 = {"sse", "sse2", "ssse3", "sse4_1", "sse4_2", "popcnt"}
+AVX = SSE42 | {"avx"}
+AVX2 = AVX | {"avx2", "fma", "f16c"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+
+
+def facts(flags: set[str], capability: str, engines=ALL_ENGINES, bf16=False) -> cpu.CpuFacts:
+    return cpu.CpuFacts(frozenset(flags), capability, engines, bf16)
+
+
+# (generation, facts, isa, vnni, int8 engine, int8-row, int4)
+GENERATIONS = [
+    ("Core 2", facts({"sse", "sse2", "ssse3"}, "DEFAULT", NO_FBGEMM), "older", False, "none",
+     "none", "none"),
+    ("Nehalem / Westmere", facts(SSE42, "DEFAULT", NO_FBGEMM), "sse4.2", False, "qnnpack",
+     "none", "aten-default"),
+    ("Sandy / Ivy Bridge", facts(AVX, "DEFAULT", NO_FBGEMM), "avx", False, "qnnpack", "none",
+     "aten-default"),
+    ("AMD Bulldozer (FMA4, no AVX2)", facts(AVX | {"fma4"}, "DEFAULT", NO_FBGEMM), "avx", False,
+     "qnnpack", "none", "aten-default"),
+    ("Haswell", facts(AVX2, "AVX2"), "avx2", False, "fbgemm", "none", "aten"),
+    ("Alder Lake (AVX-VNNI)", facts(AVX2 | {"avx_vnni"}, "AVX2"), "avx2", True, "fbgemm",
+     "onednn", "aten"),
+    ("Skylake-X", facts(AVX512, "AVX512"), "avx512", False, "fbgemm", "none", "aten"),
+    ("Cascade Lake (VNNI)", facts(AVX512 | {"avx512_vnni"}, "AVX512"), "avx512", True,
+     "fbgemm", "onednn", "aten"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "facts_, isa, vnni, int8, row, int4",
+    [g[1:] for g in GENERATIONS],
+    ids=[g[0] for g in GENERATIONS],
+)
+def test_each_generation_gets_its_paths(facts_, isa, vnni, int8, row, int4):
+    paths = cpu.choose(facts_)
+    assert (paths.isa, paths.vnni, paths.int8, paths.int8_row, paths.int4) == (
+        isa,
+        vnni,
+        int8,
+        row,
+        int4,
+    )
+
+
+def test_bf16_only_where_onednn_has_it_natively():
+    assert cpu.choose(facts(AVX512, "AVX512", bf16=True)).bf16 == "native"
+    assert cpu.choose(facts(AVX2, "AVX2")).bf16 == "none"
+
+
+def test_torch_capability_caps_the_generation():
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: treated as AVX2 (its VNNI is AVX-512
+    VNNI, so gone too); =default: as AVX, so fbgemm is not used even though torch lists it."""
+    capped = cpu.choose(facts(AVX512 | {"avx512_vnni"}, "AVX2"))
+    assert (capped.isa, capped.vnni, capped.int8, capped.int8_row) == (
+        "avx2",
+        False,
+        "fbgemm",
+        "none",
+    )
+    default = cpu.choose(facts(AVX512, "DEFAULT"))
+    assert (default.isa, default.int8) == ("avx", "qnnpack")
+
+
+def test_an_engine_torch_lacks_is_not_chosen():
+    assert cpu.choose(facts(AVX2, "AVX2", engines=NO_FBGEMM)).int8 == "onednn"
+    assert cpu.choose(facts(AVX, "DEFAULT", engines=("onednn",))).int8 == "onednn"
+    assert cpu.choose(facts(SSE42, "DEFAULT", engines=("onednn",))).int8 == "none"
+
+
+def test_onednn_int8_is_never_chosen_without_avx():
+    """It died with SIGILL under qemu -cpu Nehalem, even where torch offers it."""
+    assert cpu.int8_engines("sse4.2", ALL_ENGINES) == ["qnnpack"]
+
+
+def test_default_int8_falls_back_to_fp32_where_no_int8_kernel_works():
+    older = cpu.choose(facts({"sse2"}, "DEFAULT", NO_FBGEMM))
+    plan = cpu.plan(older, "int8")
+    assert plan.quantize == "none"
+    assert "serving quantize=none (asked int8" in plan.summary()
+
+
+@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge", "Haswell"])
+def test_int8_row_without_vnni_is_refused_saying_why_and_what_to_use(generation):
+    paths = paths_of(generation)
+    with pytest.raises(cpu.CpuUnsupported) as refused:
+        cpu.plan(paths, "int8-row")
+    message = str(refused.value)
+    assert isinstance(refused.value, ConfigError)  # reported like any bad setting: exit 2
+    assert message.startswith("--quantize int8-row")
+    assert "VNNI" in message and paths.isa in message
+    assert f"--quantize auto (the default), int8 ({paths.int8} here)" in message
+    assert "\n" not in message
+
+
+def test_int4_is_refused_only_where_it_was_never_checked():
+    older = cpu.choose(facts({"sse2"}, "DEFAULT", NO_FBGEMM))
+    with pytest.raises(cpu.CpuUnsupported, match="--quantize int4"):
+        cpu.plan(older, "int4")
+    assert cpu.plan(cpu.choose(facts(SSE42, "DEFAULT", NO_FBGEMM)), "int4").quantize == "int4"
+
+
+@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge", "Haswell"])
+def test_auto_serves_int8_without_vnni(generation):
+    plan = cpu.plan(paths_of(generation), "auto")
+    assert plan.quantize == "int8" and "(auto: " in plan.summary()
+
+
+def test_auto_serves_the_batch_invariant_int8_row_with_vnni_and_fp32_on_older_cpus():
+    vnni = cpu.choose(facts(AVX512 | {"avx512_vnni"}, "AVX512"))
+    assert cpu.plan(vnni, "auto").quantize == "int8-row"
+    older = cpu.choose(facts({"sse2"}, "DEFAULT", NO_FBGEMM))
+    assert cpu.plan(older, "auto").quantize == "none"
+
+
+def test_what_works_is_served_as_asked():
+    vnni = cpu.choose(facts(AVX512 | {"avx512_vnni"}, "AVX512"))
+    for quantize in ("none", "int8", "int8-row", "int4"):
+        assert cpu.plan(vnni, quantize).quantize == quantize
+
+
+def test_health_shape():
+    plan = cpu.plan(cpu.choose(facts(SSE42, "DEFAULT", NO_FBGEMM)), "int8")
+    shown = plan.as_dict()
+    assert shown["isa"] == "sse4.2" and shown["quantize"] == "int8"
+    assert shown["paths"]["int8"] == "qnnpack" and shown["paths"]["int8_row"] == "none"
+
+
+def test_proc_flags_reads_the_flags_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel Core i5-2400\nflags\t\t: fpu sse4_2 avx\n")
+    assert cpu.proc_flags(info) == frozenset({"fpu", "sse4_2", "avx"})
+    assert cpu.proc_flags(tmp_path / "missing") is None
+
+
+def test_a_flag_counts_only_when_kernel_and_cpuid_agree():
+    kernel = frozenset({"sse4_2", "avx", "avx2", "fma", "avx_vnni"})
+    # qemu-x86_64 -cpu SandyBridge: the host's /proc/cpuinfo, the emulated CPUID
+    cpuid = {"sse4_2": True, "avx": True, "avx2": False, "fma": False}
+    assert cpu.merge_flags(kernel, cpuid) == frozenset({"sse4_2", "avx", "avx_vnni"})
+    assert cpu.merge_flags(None, cpuid) == frozenset({"sse4_2", "avx"})
+    # the kernel disabled AVX (clearcpuid=avx): CPUID alone does not bring it back
+    assert "avx" not in cpu.merge_flags(frozenset({"sse4_2"}), {"avx": True})
+
+
+def test_this_machine_detects_and_plans_the_default():
+    plan = cpu.plan_here("auto")
+    assert plan.paths.isa in ("avx512", "avx2", "avx", "sse4.2")
+    assert plan.quantize in ("int8-row", "int8") and plan.paths.int8 != "none"
+
+
+def paths_of(generation: str) -> cpu.Paths:
+    return cpu.choose(next(g[1] for g in GENERATIONS if g[0] == generation))
+
+
+@pytest.mark.parametrize(
+    "generation, engine",
+    [("Nehalem / Westmere", "onednn"), ("Nehalem / Westmere", "fbgemm"),
+     ("Sandy / Ivy Bridge", "fbgemm")],
+)  # fmt: skip
+def test_an_int8_engine_this_cpu_cannot_run_is_refused(generation, engine):
+    with pytest.raises(cpu.CpuUnsupported) as refused:
+        cpu.plan(paths_of(generation), "int8", engine)
+    message = str(refused.value)
+    assert message.startswith(f"--int8-engine {engine}") and "usable here: " in message
+
+
+def test_an_int8_engine_that_works_is_used_as_asked():
+    chosen = cpu.plan(paths_of("Haswell"), "int8", "qnnpack")
+    assert chosen.paths.int8 == "qnnpack" and chosen.as_dict()["paths"]["int8"] == "qnnpack"
+    assert cpu.plan(paths_of("Sandy / Ivy Bridge"), "int8", "onednn").paths.int8 == "onednn"

@@ -1,0 +1,70 @@
+"""server.py on the old office PCs it is for, emulated by `qemu-x86_64 -cpu MODEL` (Debian
+package qemu-user): it starts, logs the path it chose, shows it in /health and answers
+"Paris"; a setting the CPU cannot run is refused at start instead of dying with SIGILL.
+Emulation is slow (a start takes minutes), so these are few and short."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.httpclient import chat, request
+from tests.systree import skip_unless_ci
+
+QUESTION = {"message": "What is the capital of France?", "max_tokens": 8}
+
+
+@pytest.fixture
+def qemu() -> list[str]:
+    """The command prefix that runs server.py on an emulated CPU (niced: it is heavy)."""
+    path = shutil.which("qemu-x86_64")
+    if path is None:
+        skip_unless_ci("qemu-x86_64 (Debian package qemu-user) is not installed")
+    return ["nice", "-n", "10", path, "-cpu"]
+
+
+@pytest.mark.parametrize(
+    "model, isa, int8",
+    [("Nehalem", "sse4.2", "qnnpack"), ("SandyBridge", "avx", "qnnpack")],
+)
+def test_starts_and_answers_on_an_old_cpu(model, isa, int8, qemu, start_server, embedded_dir):
+    # embedded_dir: converted natively first, so the emulated start only loads it.
+    server = start_server("--model", "embedded", wrapper=[*qemu, model], ready=False)
+    server.wait_ready(timeout=900)
+    shown = request(server.url, "GET", "/health").json()["cpu"]
+    assert (shown["isa"], shown["paths"]["int8"], shown["quantize"]) == (isa, int8, "int8")
+    assert shown["paths"]["int8_row"] == "none"
+    reply = chat(server.url, QUESTION, timeout=600)
+    assert reply.status == 200, reply.body
+    assert "Paris" in reply.json()["response"]
+    chosen = [line for line in server.log().splitlines() if f"cpu {isa}: int8 {int8}," in line]
+    assert len(chosen) == 1, server.log()
+
+
+def test_onednn_int8_is_refused_on_nehalem_instead_of_dying(qemu, start_server):
+    """oneDNN's int8 Linear dies with SIGILL there (exit 132 before this issue)."""
+    server = start_server(
+        "--model", "embedded", "--int8-engine", "onednn", wrapper=[*qemu, "Nehalem"], ready=False
+    )
+    assert server.proc.wait(300) == 2
+    lines = [line for line in server.log().splitlines() if "TCG doesn't support" not in line]
+    assert len(lines) == 1 and lines[0].startswith("server.py: --int8-engine onednn"), lines
+    assert "usable here: qnnpack" in lines[0]
+
+
+def test_int8_row_is_refused_without_vnni(start_server):
+    """Natively, with torch's kernels capped below AVX2 (as on a Sandy Bridge): one line,
+    exit 2, before anything loads."""
+    server = start_server(
+        "--model",
+        "embedded",
+        "--quantize",
+        "int8-row",
+        env={"ATEN_CPU_CAPABILITY": "default"},
+        ready=False,
+    )
+    assert server.proc.wait(60) == 2
+    lines = server.log().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("server.py: --quantize int8-row"), lines
+    assert "VNNI" in lines[0] and "Traceback" not in server.log()
