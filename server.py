@@ -122,7 +122,7 @@ def _settle_host(config: Config) -> None:
 def serve(config: Config, plan: cpu.Plan | None = None) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
-    plan = plan or cpu.plan_here(config.quantize, config.int8_engine)
+    plan = plan or cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
     runtime.cpu = plan.as_dict()
     config, pinning = _pinning(config)
     try:
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(argv)
         # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
-        plan = cpu.plan_here(config.quantize, config.int8_engine)
+        plan = cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
     except ConfigError as exc:
         print(f"server.py: {exc}", file=sys.stderr)
         return 2

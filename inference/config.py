@@ -108,11 +108,11 @@ class Config:
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
     quantize: str = _setting(
         "auto",
-        "Linear layers (lm_head too): auto (int8-row where the CPU has VNNI, else int8, else "
-        "none), none (float), int8-row (per-row activation scales: batch-invariant answers, "
-        "closest to float; needed for --max-batch above 1), int8 (dynamic, one scale per "
-        "forward, smoothed) or int4 (weight-only); README 'Speed' and 'Old CPUs' have each "
-        "one's measured effect.",
+        "Linear layers (lm_head too): auto (int8, or int8-row with --max-batch above 1 where "
+        "the CPU has VNNI; none where no int8 kernel runs), none (float), int8-row (per-row "
+        "activation scales: batch-invariant answers, closest to float; needed for "
+        "--max-batch above 1), int8 (dynamic, one scale per forward, smoothed) or int4 "
+        "(weight-only); README 'Speed' and 'Old CPUs' have each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )
     int8_engine: str = _setting(
@@ -137,9 +137,10 @@ class Config:
         4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000
     )
     max_batch: int = _setting(
-        4,
-        "Jobs generated side by side in one batch (continuous batching; README 'Several "
-        "users at once' has the measured curve). 1 runs one job at a time.",
+        1,
+        "Jobs generated side by side in one batch (continuous batching, with quantize auto "
+        "on int8-row); 1 runs one job at a time, each at full speed. README 'Several users "
+        "at once' has the measured trade-off.",
         1,
         64,
     )

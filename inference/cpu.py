@@ -168,7 +168,7 @@ class Plan:
 DEFAULT_QUANTIZE = "auto"
 
 
-def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
+def plan(paths: Paths, requested: str, int8_engine: str = "auto", batching: bool = False) -> Plan:
     """What to serve for --quantize `requested` and --int8-engine on a CPU with `paths`.
     The defaults never fail (fp32 where no int8 kernel works); another choice that cannot
     run here is refused with a message saying why and what to use instead."""
@@ -181,8 +181,11 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
                 f"instruction on SSE4.2); usable here: {usable}; or leave it at auto"
             )
         paths = dataclasses.replace(paths, int8=int8_engine)
-    if requested == DEFAULT_QUANTIZE:  # batch-invariant where it runs, then the fastest int8
-        best = "int8-row" if paths.int8_row != NONE else "int8" if paths.int8 != NONE else NONE
+    if requested == DEFAULT_QUANTIZE:
+        # One job at a time: the fastest int8 (per-row int8's oneDNN kernel took 2x fbgemm's
+        # time at one row, README "Several users at once"). Batching: the batch-invariant one.
+        row = batching and paths.int8_row != NONE
+        best = "int8-row" if row else "int8" if paths.int8 != NONE else NONE
         return Plan(paths, requested, best)
     if requested == "int8" and paths.int8 == NONE:
         return Plan(paths, requested, NONE)
@@ -249,9 +252,9 @@ def detect() -> CpuFacts:
     )
 
 
-def plan_here(requested: str, int8_engine: str = "auto") -> Plan:
+def plan_here(requested: str, int8_engine: str = "auto", batching: bool = False) -> Plan:
     """This machine's plan for --quantize and --int8-engine; raises CpuUnsupported."""
-    return plan(choose(detect()), requested, int8_engine)
+    return plan(choose(detect()), requested, int8_engine, batching)
 
 
 def use(chosen: Plan) -> None:

@@ -115,13 +115,14 @@ def test_int4_is_refused_only_where_it_was_never_checked():
 
 @pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge", "Haswell"])
 def test_auto_serves_int8_without_vnni(generation):
-    plan = cpu.plan(paths_of(generation), "auto")
+    plan = cpu.plan(paths_of(generation), "auto", batching=True)
     assert plan.quantize == "int8" and "(auto: " in plan.summary()
 
 
-def test_auto_serves_the_batch_invariant_int8_row_with_vnni_and_fp32_on_older_cpus():
+def test_auto_serves_int8_row_only_for_batching_with_vnni_and_fp32_on_older_cpus():
     vnni = cpu.choose(facts(AVX512 | {"avx512_vnni"}, "AVX512"))
-    assert cpu.plan(vnni, "auto").quantize == "int8-row"
+    assert cpu.plan(vnni, "auto", batching=True).quantize == "int8-row"
+    assert cpu.plan(vnni, "auto").quantize == "int8"  # one job at a time: the fastest
     older = cpu.choose(facts({"sse2"}, "DEFAULT", NO_FBGEMM))
     assert cpu.plan(older, "auto").quantize == "none"
 
@@ -159,7 +160,7 @@ def test_a_flag_counts_only_when_kernel_and_cpuid_agree():
 def test_this_machine_detects_and_plans_the_default():
     plan = cpu.plan_here("auto")
     assert plan.paths.isa in ("avx512", "avx2", "avx", "sse4.2")
-    assert plan.quantize in ("int8-row", "int8") and plan.paths.int8 != "none"
+    assert plan.quantize == "int8" and plan.paths.int8 != "none"
 
 
 def paths_of(generation: str) -> cpu.Paths:

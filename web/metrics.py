@@ -72,7 +72,7 @@ class _LiveState:
             yield InfoMetricFamily(
                 "deskchat_model",
                 "The model served, how its linear layers are stored (what runs: an old CPU "
-                "may serve fp32 for the default int8), the CPU generation and int8 kernel.",
+                "auto serves int8, int8-row or fp32), the CPU generation and int8 kernel.",
                 value={
                     "model": self.runtime.model_name,
                     "quantization": cpu.get("quantize", self.config.quantize),
