@@ -1,26 +1,26 @@
 """--batch-curve: the server with the batch off and at given sizes, 1..N clients each.
 
-For each `--max-batch` value it starts `server.py` on the model (a loopback port, its log in
-a temporary file), waits until it is ready, runs `--http` with 1, 2, 4, 8 clients one after
-the other, and then a long-prompt probe: while three clients stream long answers, one
-request with a prompt of about 1,000 tokens arrives; the probe reports the three streams'
-inter-token gaps during its prefill (its arrival to its first token). One table, rows in the
-order measured, so the batch-off and batched figures come from one run on one machine.
+For each `--max-batch` value it starts `server.py` on the model (bench/latency.py's Server:
+a loopback port, its log in a temporary folder), waits until it is ready, runs `--http`
+with 1, 2, 4, 8 clients one after the other, and then a long-prompt probe: while three
+clients stream long answers, one request with a prompt of about 1,000 tokens arrives; the
+probe reports the three streams' inter-token gaps during its prefill (its arrival to its
+first token). One table, rows in the order measured, so the batch-off and batched figures
+come from one run on one machine.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.http_client import chat_once, gaps_ms, run_http
+from bench.latency import Server, Setting
 from bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,55 +34,6 @@ LONG_PROMPT = [
 STORY = [{"role": "user", "content": "Write a long story about an office printer."}]
 PROBE_STREAMS = 3
 PROBE_ANSWER_TOKENS = 400
-
-
-class Server:
-    """server.py as a child process on a free loopback port."""
-
-    def __init__(self, model_dir: Path, max_batch: int, extra: list[str]):
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="deskchat-bench-", suffix=".log")  # noqa: SIM115
-        args = [sys.executable, str(ROOT / "server.py"), "--model", str(model_dir)]
-        args += ["--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "32"]
-        args += ["--request-timeout", "900", *extra]
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 900) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                tail = self.log.read().decode(errors="replace")[-2000:]
-                raise SystemExit(f"bench: server exited {self.proc.returncode}:\n{tail}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"bench: server not ready in {timeout:.0f} s")
-
-    def rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):  # the peak
-                    return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def long_prompt_probe(url: str) -> dict:
@@ -118,21 +69,31 @@ def long_prompt_probe(url: str) -> dict:
     }
 
 
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):  # the peak
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def run_curve(
     model_dir: Path,
+    cache_dir: Path,
     batches: list[int],
     clients: list[int],
     rounds: int,
     max_tokens: int,
-    extra: list[str],
 ) -> dict:
     rows, probes = [], []
     # A bench stopped with SIGTERM (timeout, kill) still stops the servers it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    logs = Path(tempfile.mkdtemp(prefix="deskchat-batch-curve-"))
     for max_batch in batches:
-        server = Server(model_dir, max_batch, extra)
+        flags = ("--max-batch", str(max_batch), "--max-queue", "32", "--request-timeout", "900")
+        server = Server(model_dir, cache_dir, Setting(flags), logs)
         try:
-            server.wait_ready()
+            server.wait_ready(timeout=900)
             for n in clients:
                 load = os.getloadavg()[0]
                 row = run_http(server.url, n, rounds, max_tokens)
@@ -140,7 +101,7 @@ def run_curve(
                 rows.append(row)
                 print(format_row(row), flush=True)
             probe = long_prompt_probe(server.url)
-            probe.update(max_batch=max_batch, peak_rss_mb=round(server.rss_mb(), 1))
+            probe.update(max_batch=max_batch, peak_rss_mb=round(peak_rss_mb(server.proc.pid), 1))
             probes.append(probe)
             print(probe, flush=True)
         finally:

@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
             f"{args.max_tokens} tokens per client; load {os.getloadavg()[0]:.2f}"
         )
-        report = run_curve(model_dir, batches, clients, args.rounds, args.max_tokens, [])
+        report = run_curve(
+            model_dir, config.cache_dir, batches, clients, args.rounds, args.max_tokens
+        )
         print(format_table(report))
     else:
         from bench.qwen_shape import FixtureMissing
