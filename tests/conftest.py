@@ -161,3 +161,20 @@ def embedded_server(tmp_path_factory):
         yield proc.wait_ready()
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def worker_for():
+    """Workers around scripted engines, stopped at teardown."""
+    workers = []
+
+    def make(
+        engine: FakeEngine, max_queue: int = 4, max_batch: int = 1, memory: int | None = None
+    ) -> Worker:
+        w = Worker(engine, max_queue, max_batch=max_batch, batch_memory=memory).start()
+        workers.append(w)
+        return w
+
+    yield make
+    for w in workers:
+        w.stop()

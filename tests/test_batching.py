@@ -13,7 +13,6 @@ from inference.config import load_config
 from inference.engine import PREFILL_BESIDE, PREFILL_CHUNK
 from inference.errors import Cancelled, Timeout
 from inference.jobs import Done, Failed, Job, Sampling
-from inference.worker import Worker
 from tests.fakes import FakeEngine
 from tests.httpclient import chat, request, wait_until
 from tests.test_worker import ids, terminal_events
@@ -124,23 +123,9 @@ def test_a_job_that_leaves_does_not_harm_the_others(loaded):
 # -- the worker: who runs, who waits, who leaves (scripted engine) -----------------------------
 
 
-@pytest.fixture
-def batch_worker():
-    workers = []
-
-    def make(engine: FakeEngine, max_batch: int, memory: int | None = None, queue: int = 8):
-        worker = Worker(engine, queue, max_batch=max_batch, batch_memory=memory).start()
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.stop()
-
-
-def test_jobs_run_side_by_side_up_to_max_batch(batch_worker):
+def test_jobs_run_side_by_side_up_to_max_batch(worker_for):
     engine = FakeEngine(token_s=0.01)
-    worker = batch_worker(engine, max_batch=3)
+    worker = worker_for(engine, max_queue=8, max_batch=3)
     jobs = [worker.submit(Job(ids(f"j{i}"), Sampling(max_tokens=20), 30)) for i in range(5)]
     outcomes = [terminal_events(job)[1] for job in jobs]
     assert all(isinstance(o, Done) and o.usage.completion_tokens == 20 for o in outcomes)
@@ -148,9 +133,9 @@ def test_jobs_run_side_by_side_up_to_max_batch(batch_worker):
     assert engine.ran == [ids(f"j{i}") for i in range(5)]  # started in FIFO order
 
 
-def test_a_cancelled_or_late_job_leaves_at_once_and_the_others_finish(batch_worker):
+def test_a_cancelled_or_late_job_leaves_at_once_and_the_others_finish(worker_for):
     engine = FakeEngine(token_s=0.02)
-    worker = batch_worker(engine, max_batch=3)
+    worker = worker_for(engine, max_batch=3)
     keep = worker.submit(Job(ids("keep"), Sampling(max_tokens=40), 30))
     gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=1000), 30))
     late = worker.submit(Job(ids("late"), Sampling(max_tokens=1000), 0.3))
@@ -167,10 +152,10 @@ def test_a_cancelled_or_late_job_leaves_at_once_and_the_others_finish(batch_work
     assert worker.cancellations["running"] == 1
 
 
-def test_admission_waits_while_the_memory_budget_is_used(batch_worker):
+def test_admission_waits_while_the_memory_budget_is_used(worker_for):
     engine = FakeEngine(token_s=0.01, bytes_per_token=1000)
     # A job of 4 prompt tokens and 40 answer tokens reserves 44 kB: one fits, two do not.
-    worker = batch_worker(engine, max_batch=4, memory=60_000)
+    worker = worker_for(engine, max_batch=4, memory=60_000)
     first = worker.submit(Job(ids("aaaa"), Sampling(max_tokens=40), 30))
     second = worker.submit(Job(ids("bbbb"), Sampling(max_tokens=40), 30))
     assert wait_until(lambda: worker.running == 1, 5)
@@ -183,20 +168,20 @@ def test_admission_waits_while_the_memory_budget_is_used(batch_worker):
     assert isinstance(terminal_events(big)[1], Done)
 
 
-def test_an_engine_that_is_not_batch_invariant_runs_one_job_at_a_time(batch_worker, caplog):
+def test_an_engine_that_is_not_batch_invariant_runs_one_job_at_a_time(worker_for, caplog):
     engine = FakeEngine(token_s=0.005)
     engine.batch_invariant = False
     with caplog.at_level(logging.WARNING, logger="deskchat.worker"):
-        worker = batch_worker(engine, max_batch=4)
+        worker = worker_for(engine, max_batch=4)
         jobs = [worker.submit(Job(ids(f"j{i}"), Sampling(max_tokens=5), 30)) for i in range(3)]
         assert all(isinstance(terminal_events(job)[1], Done) for job in jobs)
     assert max(engine.batch_sizes) == 1 and worker.max_batch == 1
     assert "running one job at a time" in caplog.text
 
 
-def test_retry_after_counts_the_batch_places(batch_worker):
+def test_retry_after_counts_the_batch_places(worker_for):
     engine = FakeEngine(token_s=0.05)
-    worker = batch_worker(engine, max_batch=2)
+    worker = worker_for(engine, max_batch=2)
     assert worker.expected_start_s(0) == 0.0 and worker.expected_start_s(1) == 0.0
     jobs = [worker.submit(Job(ids(f"r{i}"), Sampling(max_tokens=1000), 30)) for i in range(2)]
     assert wait_until(lambda: worker.running == 2, 5)

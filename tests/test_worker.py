@@ -32,20 +32,6 @@ def terminal_events(job: Job, timeout: float = 10) -> tuple[list, object]:
         return deltas, event
 
 
-@pytest.fixture
-def worker_for():
-    workers = []
-
-    def make(engine: FakeEngine, max_queue: int = 4) -> Worker:
-        w = Worker(engine, max_queue).start()
-        workers.append(w)
-        return w
-
-    yield make
-    for w in workers:
-        w.stop()
-
-
 def test_jobs_run_in_submission_order_from_many_threads(worker_for):
     engine = FakeEngine(token_s=0.001)
     worker = worker_for(engine, max_queue=64)
