@@ -119,12 +119,10 @@ def _settle_host(config: Config) -> None:
     apply_gc_policy(config.gc_policy)
 
 
-def serve(config: Config, plan: cpu.Plan | None = None) -> int:
+def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
     notifier = Notifier(os.environ.get("NOTIFY_SOCKET"))
     runtime = Runtime()
-    plan = plan or cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
     runtime.cpu = plan.as_dict()
-    config, pinning = _pinning(config)
     try:
         runtime.keys.replace(load_keys(config))
     except KeyFileError as exc:
@@ -239,16 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     quiet_progress_bars(sys.stderr)
     try:
         config = load_config(argv)
+        logging.basicConfig(
+            level=config.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        # First the CPU split: every thread started from here on (torch's OpenMP pool too)
+        # inherits its mask.
+        config, pinning = _pinning(config)
         # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
         plan = cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
     except ConfigError as exc:
         print(f"server.py: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    code = serve(config, plan)
+    code = serve(config, plan, pinning)
     _leave_now_if_still_loading(code)
     return code
 
