@@ -12,7 +12,9 @@ import pytest
 from tests.httpclient import chat, request
 from tests.systree import skip_unless_ci
 
-QUESTION = {"message": "What is the capital of France?", "max_tokens": 8}
+# Not the bare "What is the capital of France?": its first token is a near-tie in fp32
+# ("The" -1.883 vs "L" -1.965 log-prob), which qnnpack's rounding tips to "L'Alma, ...".
+QUESTION = {"message": "What is the capital of France? Answer in one word.", "max_tokens": 8}
 
 
 @pytest.fixture
