@@ -26,8 +26,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
+from bench.http_client import chat_once, gaps_ms
 from bench.noise import CONDITIONS, Noise
 from bench.stats import percentile
 
@@ -118,36 +118,12 @@ def setting(name: str) -> Setting:
 
 def stream_once(url: str, max_tokens: int, timeout: float = 300) -> dict:
     """{ttft_ms, gaps_ms: [...]} or {error}."""
-    import http.client
-
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    body = json.dumps({"messages": ASK, "max_tokens": max_tokens, "stream": True})
-    started = time.perf_counter()
-    arrivals: list[float] = []
-    try:
-        conn.request("POST", "/chat", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            return {"error": f"HTTP {response.status}"}
-        for raw in response:
-            line = raw.decode("utf-8")
-            if line.startswith("event: error"):
-                return {"error": "error event"}
-            if line.startswith('data: {"id"') and '"delta"' in line:
-                arrivals.append(time.perf_counter())
-            elif '"done": true' in line:
-                break
-    except OSError as exc:
-        return {"error": type(exc).__name__}
-    finally:
-        conn.close()
-    if not arrivals:
+    result = chat_once(url, ASK, max_tokens, timeout)
+    if "error" in result:
+        return result
+    if not result["arrivals"]:
         return {"error": "no token"}
-    return {
-        "ttft_ms": (arrivals[0] - started) * 1000,
-        "gaps_ms": [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:], strict=False)],
-    }
+    return {"ttft_ms": result["ttft_ms"], "gaps_ms": gaps_ms(result["arrivals"])}
 
 
 def summary(values: list[float]) -> dict:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.kvcache import SequenceCache
+from inference.rowint8 import FusedPart, RowInt8Linear
 
 # RoPE variants whose table depends on the sequence length: not supported by a fixed table.
 _LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
@@ -59,6 +60,17 @@ class Decoder:
             probe = torch.empty(0, dtype=self.dtype)
             cos, sin = body.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0], sin[0]  # [context, head_dim]
+
+    def rows_independent(self) -> bool:
+        """True when every projection this forward calls is per-row int8: a row's result is
+        then the same alone or beside any others (the loader falls back to torch.ao for a
+        CPU or a checkpoint where per-row cannot run, and then this says so)."""
+        projections = [self.lm_head]
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+            projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        return all(isinstance(p, (RowInt8Linear, FusedPart)) for p in projections)
 
     def new_cache(self, max_tokens: int) -> SequenceCache:
         return SequenceCache(len(self.layers), self.kv_heads, self.head_dim, max_tokens, self.dtype)

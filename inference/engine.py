@@ -69,6 +69,10 @@ class Stream:
         text, self._pending = "".join(self._pending), []
         return text
 
+    def add_text(self, piece: str) -> None:
+        if piece:
+            self._pending.append(piece)
+
     def next_chunk(self, rows: int) -> list[int]:
         """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block)."""
         return self.prompt_ids[self.prefilled : self.prefilled + rows]
@@ -85,7 +89,6 @@ class Engine:
         context_tokens: int,
         eos_ids: set[int],
         prefix_cache: bool = False,
-        batch_invariant: bool = False,
     ):
         self.model = model
         self.vocab_size = model.config.vocab_size  # the width of the logits
@@ -97,8 +100,8 @@ class Engine:
         self.decoder = Decoder(model, context_tokens)
         # True when every Linear is per-row int8: a row's result is the same in any batch
         # and any chunking, so several streams may share a step.
-        self.batch_invariant = batch_invariant
-        if batch_invariant:
+        self.batch_invariant = self.decoder.rows_independent()
+        if self.batch_invariant:
             self.block, self.alone_rows = ALIGN, PREFILL_CHUNK
         elif prefix_cache:
             self.block = self.alone_rows = PREFILL_BLOCK
@@ -133,7 +136,7 @@ class Engine:
         held-back text, if it finished, is left for one more take_text()."""
         finish = "interrupted" if interrupted or stream.finish is None else stream.finish
         if finish != "interrupted":
-            stream._pending.append(stream.text.flush())
+            stream.add_text(stream.text.flush())
             if self.prefix_cache and stream.completion_tokens > 0:
                 self._kept = (stream.prompt_ids, stream.cache)
         stream.cache = None
@@ -202,9 +205,7 @@ class Engine:
         if token in self.eos_ids:
             stream.finish = "stop"
             return
-        piece = stream.text.add(token)
-        if piece:
-            stream._pending.append(piece)
+        stream.add_text(stream.text.add(token))
         if stream.text.stopped or (stream.constraint is not None and stream.constraint.finished):
             stream.finish = "stop"
         elif stream.completion_tokens >= stream.budget:

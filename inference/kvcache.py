@@ -39,8 +39,8 @@ class SequenceCache:
             raise ValueError(f"cache bound {self.max_tokens} exceeded ({need} positions)")
         if need <= self.capacity:
             return
-        grown = max(need, min(2 * self.capacity, self.max_tokens), GROW_TOKENS)
-        grown = min(-(-grown // GROW_TOKENS) * GROW_TOKENS, max(self.max_tokens, need))
+        grown = max(need, 2 * self.capacity, GROW_TOKENS)
+        grown = min(-(-grown // GROW_TOKENS) * GROW_TOKENS, self.max_tokens)
         layers, _, heads, _, dim = self._shape
         buf = torch.empty((layers, 2, heads, grown, dim), dtype=self._dtype)
         buf[:, :, :, : self.length] = self._buf[:, :, :, : self.length]

@@ -162,7 +162,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference import cpu, rowint8
+    from inference import cpu
     from inference.engine import Engine
     from inference.prompt import PromptBuilder
     from inference.quantize import compute_dtype, load_quantized
@@ -207,6 +207,5 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         context,
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
-        batch_invariant=quantize == "int8-row" and rowint8.available(),
     )
     return engine, PromptBuilder(prompt_tokenizer, context)
