@@ -23,6 +23,7 @@ from inference.grammar import SchemaCompiler
 from inference.host import Pinning, apply_gc_policy, lock_memory, name_this_thread, parse_cpu_list
 from inference.jobs import Sampling
 from inference.loading import ModelLoadError, choose_model, load_model
+from inference.threads import governor_for
 from inference.worker import Worker
 from web.app import Runtime, create_app
 from web.auth import load_keys, reload_keys
@@ -193,6 +194,9 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         return startup_failure(exc, notifier)
 
     _settle_host(config)
+    runtime.threads = governor_for(config.thread_policy, plan.quantize, config.threads)
+    if runtime.threads is not None:
+        worker.pace = runtime.threads.tick
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
     runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)

@@ -82,6 +82,12 @@ SETTINGS: dict[str, Setting] = {
     "default": Setting(about="the server's defaults"),
     "gc-python": Setting(("--gc-policy", "python"), about="Python's own GC thresholds"),
     "threads-1": Setting(("--threads", "1"), about="one inference thread"),
+    "threads-fixed": Setting(
+        ("--thread-policy", "fixed"), about="--threads always, whatever the contention"
+    ),
+    "threads-adaptive": Setting(
+        ("--thread-policy", "adaptive"), about="one thread while others take the CPUs"
+    ),
     "omp-passive": Setting(env={"OMP_WAIT_POLICY": "PASSIVE"}, about="OpenMP threads sleep"),
     "omp-active": Setting(env={"OMP_WAIT_POLICY": "ACTIVE"}, about="OpenMP threads spin"),
     "pinned": Setting(("--cpu-affinity", _upper_half()), about="inference on the upper CPUs"),

@@ -24,6 +24,7 @@ INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 GC_POLICIES = ("python", "idle")  # inference/host.py applies them
+THREAD_POLICIES = ("adaptive", "fixed")  # inference/threads.py
 
 
 def physical_cores() -> int:
@@ -106,6 +107,12 @@ class Config:
     )
     cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
     threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
+    thread_policy: str = _setting(
+        "adaptive",
+        "adaptive (one inference thread while other programs keep the CPUs busy, --threads "
+        "otherwise) or fixed (always --threads); README 'Steady latency'.",
+        choices=THREAD_POLICIES,
+    )
     quantize: str = _setting(
         "auto",
         "Linear layers (lm_head too): auto (int8, or int8-row with --max-batch above 1 where "

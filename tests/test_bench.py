@@ -105,3 +105,15 @@ def test_table_has_a_column_per_peer_and_keeps_the_engine_baseline_ratio():
     header = table.splitlines()[0]
     assert "llamacpp_q8_0" in header and "llamacpp_q4_k_m" in header and "meta" not in header
     assert "0.50x" in table
+
+
+def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys):
+    from bench import step_jitter
+
+    args = ["--model", str(embedded_dir), "--threads", "1", "--answers", "2", "--max-tokens", "6"]
+    assert step_jitter.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["threads"] == 1 and report["steps"] == 2 * 5  # the prefill step left out
+    for side in ("wall_ms", "cpu_ms"):
+        times = report[side]
+        assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]

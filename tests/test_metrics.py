@@ -10,6 +10,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference.threads import ThreadGovernor
 from tests.conftest import free_port
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
@@ -129,6 +130,13 @@ def test_state_gauges_model_info_and_process_collectors(fake_server):
     assert value(samples, "deskchat_queue_capacity") == 3
     assert value(samples, "deskchat_queue_depth") == 0
     assert value(samples, "deskchat_running_jobs") == 0
+    assert value(samples, "deskchat_inference_threads") == server.config.threads
+    # --thread-policy adaptive, after it saw contention
+    server.runtime.threads = governor = ThreadGovernor(2, lambda n: None, lambda: (0, 0))
+    governor.threads, governor.changes = 1, 3
+    samples = scrape(server.url)
+    assert value(samples, "deskchat_inference_threads") == 1
+    assert value(samples, "deskchat_thread_changes_total") == 3
     info = {"model": "fake", "quantization": "none", "cpu_isa": "older", "int8_path": "none"}
     assert value(samples, "deskchat_model_info", **info) == 1
     assert value(samples, "process_resident_memory_bytes") > 10_000_000

@@ -96,6 +96,18 @@ class _LiveState:
             "Jobs that may run side by side (--max-batch).",
             self.config.max_batch,
         )
+        governor = self.runtime.threads
+        yield GaugeMetricFamily(
+            "deskchat_inference_threads",
+            "OpenMP threads the next step runs on (--thread-policy adaptive: 1 while other "
+            "programs keep the CPUs busy).",
+            governor.threads if governor else self.config.threads,
+        )
+        yield CounterMetricFamily(
+            "deskchat_thread_changes",
+            "Times the adaptive policy changed the inference thread count.",
+            governor.changes if governor else 0,
+        )
         cancelled = CounterMetricFamily(
             "deskchat_cancellations",
             "Jobs dropped because their client left: while queued, or while running.",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from inference.grammar import SchemaCompiler
 from inference.prompt import PromptBuilder
+from inference.threads import ThreadGovernor
 from inference.worker import Worker
 from web.keys import KeyRing
 
@@ -21,6 +22,7 @@ class Runtime:
     keys: KeyRing = field(default_factory=KeyRing)
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
     cpu: dict | None = None  # inference.cpu.Plan.as_dict(): the CPU's paths, for /health
+    threads: ThreadGovernor | None = None  # --thread-policy adaptive: the count it chose
 
     @property
     def ready(self) -> bool:

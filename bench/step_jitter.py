@@ -1,0 +1,74 @@
+"""The decode-step times of the engine alone in this process: no HTTP, no queue, no noise.
+
+    python -m bench.step_jitter [--model DIR] [--threads N] [--answers 8] [--max-tokens 64]
+
+Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
+says how much of their spread the machine itself adds with nothing else involved. It prints
+p50/p90/p99/max of the wall time of each step after the first token, the same for the
+thread's CPU time (equal to the wall time when the thread was never descheduled: then the
+spread comes from below the OS, e.g. a VM's host), and the 1-minute load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from bench.stats import percentile
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.step_jitter", description=__doc__)
+    parser.add_argument("--model", type=Path, default=Path("~/.cache/deskchat/qwen-shape"))
+    parser.add_argument("--threads", type=int, default=None, help="[default: the server's]")
+    parser.add_argument("--answers", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    from inference.config import load_config
+    from inference.jobs import Sampling
+    from inference.loading import ModelChoice, load_model
+
+    config = load_config([], os.environ)
+    if args.threads:
+        config = dataclasses.replace(config, threads=args.threads)
+    folder = args.model.expanduser()
+    engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
+    ask = "Write a Python function that parses a CSV file, and explain it."
+    prompt_ids = prompts.encode([{"role": "user", "content": ask}])
+    wall, cpu = [], []
+    load_before = os.getloadavg()[0]
+    for _ in range(args.answers):
+        stream = engine.open(prompt_ids, Sampling(max_tokens=args.max_tokens))
+        first = True
+        while stream.finish is None:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            engine.step([stream])
+            if not first:  # the first step is the prefill
+                wall.append((time.perf_counter() - start) * 1000)
+                cpu.append((time.thread_time() - start_cpu) * 1000)
+            first = False
+        engine.close(stream)
+    report = {
+        "threads": config.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "steps": len(wall),
+        "load_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+    for name, values in (("wall_ms", wall), ("cpu_ms", cpu)):
+        qs = {f"p{p}": round(percentile(values, p), 1) for p in (50, 90, 99)}
+        report[name] = {
+            **qs,
+            "max": round(max(values), 1),
+            "p99/p50": round(qs["p99"] / qs["p50"], 2),
+        }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
