@@ -162,7 +162,15 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         runtime.status = text
         notifier.status(text)
 
-    worker = Worker(None, config.max_queue, config.max_batch, config.batch_memory_mb * 1024 * 1024)
+    governor = governor_for(config.thread_policy, plan.quantize, config.threads)
+    runtime.thread_governor = governor
+    worker = Worker(
+        None,
+        config.max_queue,
+        config.max_batch,
+        config.batch_memory_mb * 1024 * 1024,
+        pace=governor.tick if governor is not None else None,
+    )
     prompts = None
 
     def load():  # runs in the inference thread: the model is built where it will run
@@ -194,9 +202,6 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         return startup_failure(exc, notifier)
 
     _settle_host(config)
-    runtime.threads = governor_for(config.thread_policy, plan.quantize, config.threads)
-    if runtime.threads is not None:
-        worker.pace = runtime.threads.tick
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
     runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)

@@ -1,6 +1,6 @@
 """The decode-step times of the engine alone in this process: no HTTP, no queue, no noise.
 
-    python -m bench.step_jitter [--model DIR] [--threads N] [--answers 8] [--max-tokens 64]
+    python -m bench.step_jitter [--model qwen-shape|embedded|DIR] [--threads N] [--answers 8]
 
 Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
 says how much of their spread the machine itself adds with nothing else involved. It prints
@@ -23,12 +23,18 @@ from bench.stats import percentile
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.step_jitter", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path("~/.cache/deskchat/qwen-shape"))
+    parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--threads", type=int, default=None, help="[default: the server's]")
     parser.add_argument("--answers", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args(argv)
+    if args.max_tokens < 2 or args.answers < 1:
+        parser.error(
+            "--max-tokens must be 2 or more (a decode step after the first token), "
+            "--answers 1 or more"
+        )
 
+    from bench.cli import resolve_model
     from inference.config import load_config
     from inference.jobs import Sampling
     from inference.loading import ModelChoice, load_model
@@ -36,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config([], os.environ)
     if args.threads:
         config = dataclasses.replace(config, threads=args.threads)
-    folder = args.model.expanduser()
+    folder = Path(resolve_model(args.model, config.cache_dir, None))
     engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
+    engine.eos_ids = set()  # every answer max_tokens long
     ask = "Write a Python function that parses a CSV file, and explain it."
     prompt_ids = prompts.encode([{"role": "user", "content": ask}])
     wall, cpu = [], []

@@ -96,17 +96,17 @@ class _LiveState:
             "Jobs that may run side by side (--max-batch).",
             self.config.max_batch,
         )
-        governor = self.runtime.threads
+        governor = self.runtime.thread_governor
         yield GaugeMetricFamily(
             "deskchat_inference_threads",
             "OpenMP threads the next step runs on (--thread-policy adaptive: 1 while other "
             "programs keep the CPUs busy).",
-            governor.threads if governor else self.config.threads,
+            governor.threads if governor is not None else self.config.threads,
         )
         yield CounterMetricFamily(
             "deskchat_thread_changes",
             "Times the adaptive policy changed the inference thread count.",
-            governor.changes if governor else 0,
+            governor.changes if governor is not None else 0,
         )
         cancelled = CounterMetricFamily(
             "deskchat_cancellations",

@@ -22,7 +22,7 @@ class Runtime:
     keys: KeyRing = field(default_factory=KeyRing)
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
     cpu: dict | None = None  # inference.cpu.Plan.as_dict(): the CPU's paths, for /health
-    threads: ThreadGovernor | None = None  # --thread-policy adaptive: the count it chose
+    thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
 
     @property
     def ready(self) -> bool:
