@@ -122,3 +122,26 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys):
     for side in ("wall_ms", "cpu_ms"):
         times = report[side]
         assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]
+
+
+def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch):
+    from bench import int8_kernels
+    from inference import rowint8
+
+    if not rowint8.available():
+        pytest.skip("no per-row int8 Linear on this CPU (README 'Old CPUs')")
+    monkeypatch.setattr(int8_kernels, "SHAPES", {"small": (64, 32)})
+    threads = torch.get_num_threads()
+    try:
+        assert int8_kernels.main(["--threads", "1", "--rows", "1,3", "--calls", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {(r["rows"], r["kernel"]) for r in rows} >= {
+        (1, "served (oneDNN, packed for M=1)"),
+        (3, "_int_mm, transposed view"),
+    }
+    for r in rows:
+        assert r["us"] > 0
+        # every integer kernel gives the served bits
+        assert r["same"] is (None if r["kernel"] in int8_kernels.NOT_COMPARED else True), r
