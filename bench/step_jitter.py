@@ -4,9 +4,10 @@
 
 Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
 says how much of their spread the machine itself adds with nothing else involved. It prints
-p50/p90/p99/max of the wall time of each step after the first token, the same for the
-thread's CPU time (equal to the wall time when the thread was never descheduled: then the
-spread comes from below the OS, e.g. a VM's host), and the 1-minute load average.
+the latency table's summary (p50 ... p99.9, max, `jitter` = p99/p50) of the wall time of
+each step after the first token, the same for the thread's CPU time (equal to the wall time
+when the thread was never descheduled: then the spread comes from below the OS, e.g. a VM's
+host), and the 1-minute load average.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.stats import percentile
+from bench.latency import summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,13 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": len(wall),
         "load_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    for name, values in (("wall_ms", wall), ("cpu_ms", cpu)):
-        qs = {f"p{p}": round(percentile(values, p), 1) for p in (50, 90, 99)}
-        report[name] = {
-            **qs,
-            "max": round(max(values), 1),
-            "p99/p50": round(qs["p99"] / qs["p50"], 2),
-        }
+    report["wall_ms"], report["cpu_ms"] = summary(wall), summary(cpu)
     print(json.dumps(report))
     return 0
 
