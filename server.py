@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         # inherits its mask.
         config, pinning = _pinning(config)
         # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
-        plan = cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
+        plan = cpu.plan_here(config.quantize, config.int8_engine)
     except ConfigError as exc:
         print(f"server.py: {exc}", file=sys.stderr)
         return 2

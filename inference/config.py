@@ -115,10 +115,10 @@ class Config:
     )
     quantize: str = _setting(
         "auto",
-        "Linear layers (lm_head too): auto (int8, or int8-row with --max-batch above 1 where "
-        "the CPU has VNNI; none where no int8 kernel runs), none (float), int8-row (per-row "
-        "activation scales: batch-invariant answers, closest to float; needed for "
-        "--max-batch above 1), int8 (dynamic, one scale per forward, smoothed) or int4 "
+        "Linear layers (lm_head too): auto (int8-row where fbgemm runs, AVX2 and newer; else "
+        "int8; none where no int8 kernel runs), none (float), int8-row (per-row activation "
+        "scales: batch-invariant answers, closest to float; needed for --max-batch above 1), "
+        "int8 (torch.ao dynamic, one scale per forward, smoothed) or int4 "
         "(weight-only); README 'Speed' and 'Old CPUs' have each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )

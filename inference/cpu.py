@@ -72,7 +72,7 @@ class Paths:
     vnni: bool
     int8: str  # torch.ao dynamic int8 engine: fbgemm, onednn, qnnpack, or none (fp32)
     int8_engines: tuple[str, ...]  # every engine that works here, fastest first
-    int8_row: str  # onednn (s8 x s8, needs VNNI) or none
+    int8_row: str  # fbgemm (per-row scales; 8-bit rows with VNNI, 7-bit without) or none
     int4: str  # aten (AVX2 and newer), aten-default (runs, slowly) or none
     bf16: str  # native or none (then fp32)
     attention: str  # fp32 scaled-dot-product attention at torch's kernel level
@@ -122,9 +122,9 @@ def choose(facts: CpuFacts) -> Paths:
         isa in ("avx512", "avx2") and "avx_vnni" in facts.flags
     )
     engines = int8_engines(isa, facts.engines)
-    # oneDNN's s8 x s8 GEMM without VNNI sums pairs in 16 bits and saturates (results off by
-    # 46% of their range, measured under ONEDNN_MAX_CPU_ISA=AVX2 and under qemu).
-    row = "onednn" if vnni and "onednn" in facts.engines else NONE
+    # The per-row Linear runs on fbgemm (AVX2 and newer); without VNNI its rows get 7 bits,
+    # which it sums exactly where 8 would saturate (inference/rowint8.py, row_limit).
+    row = "fbgemm" if "fbgemm" in engines else NONE
     return Paths(
         isa=isa,
         vnni=vnni,
@@ -168,7 +168,7 @@ class Plan:
 DEFAULT_QUANTIZE = "auto"
 
 
-def plan(paths: Paths, requested: str, int8_engine: str = "auto", batching: bool = False) -> Plan:
+def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
     """What to serve for --quantize `requested` and --int8-engine on a CPU with `paths`.
     The defaults never fail (fp32 where no int8 kernel works); another choice that cannot
     run here is refused with a message saying why and what to use instead."""
@@ -182,9 +182,9 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", batching: bool
             )
         paths = dataclasses.replace(paths, int8=int8_engine)
     if requested == DEFAULT_QUANTIZE:
-        # One job at a time: the fastest int8 (a per-row int8 decode step took 1.15x torch.ao's
-        # CPU time at one row, README "Several users at once"). Batching: the invariant one.
-        row = batching and paths.int8_row != NONE
+        # Per-row int8 where it runs: as fast as torch.ao's at one row (1.02x its decode step),
+        # closer to float, and the same answer alone or in a batch (README "Speed").
+        row = paths.int8_row != NONE
         best = "int8-row" if row else "int8" if paths.int8 != NONE else NONE
         return Plan(paths, requested, best)
     if requested == "int8" and paths.int8 == NONE:
@@ -192,7 +192,7 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", batching: bool
     why = {
         "int8-row": (
             paths.int8_row,
-            "needs VNNI (AVX512-VNNI or AVX-VNNI): oneDNN's s8 x s8 GEMM saturates without it",
+            "needs fbgemm's int8 kernel, which needs AVX2",
         ),
         "int4": (paths.int4, "its kernel was only checked on CPUs with SSE4.2 or newer"),
     }.get(requested)
@@ -252,9 +252,9 @@ def detect() -> CpuFacts:
     )
 
 
-def plan_here(requested: str, int8_engine: str = "auto", batching: bool = False) -> Plan:
+def plan_here(requested: str, int8_engine: str = "auto") -> Plan:
     """This machine's plan for --quantize and --int8-engine; raises CpuUnsupported."""
-    return plan(choose(detect()), requested, int8_engine, batching)
+    return plan(choose(detect()), requested, int8_engine)
 
 
 def use(chosen: Plan) -> None:

@@ -169,7 +169,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
     from inference.smooth import CALIBRATION_TEXT
 
     torch.set_num_threads(config.threads)
-    plan = cpu.plan_here(config.quantize, config.int8_engine, config.max_batch > 1)
+    plan = cpu.plan_here(config.quantize, config.int8_engine)
     fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
     (log.warning if fell_back else log.info)("%s", plan.summary())
     cpu.use(plan)

@@ -1,25 +1,37 @@
-"""Batch-invariant int8 Linear: one activation scale per row, on oneDNN's int8 GEMM.
+"""Batch-invariant int8 Linear: one activation scale per row, on fbgemm's int8 GEMM.
 
-Each row of the input is quantized on its own (symmetric, max |x| of the row -> 127), the
-weight once at load (symmetric, one scale per output channel), and the integer product runs
-on `torch.ops.onednn.qlinear_pointwise` with a weight prepacked once. A row's output is then
-bitwise the same whatever other rows share the forward (several requests' decode steps in
-one batch, issue 9), which the torch.ao dynamic Linear (one scale for the whole input) does
-not give. The ops are internal to torch, so `available()` checks at load that they exist
-and are batch-invariant here; the loader (inference/quantize.py) falls back to the torch.ao
-Linear when not.
+Each row of the input is scaled on its own (symmetric: max |x| of the row -> the limit, 127,
+or 63 where fbgemm's kernel would saturate), the weight once at load (symmetric, one scale
+per output channel), and the integer product runs on fbgemm (`quantized::linear_with_input_
+q_dq_qweight_dq_output_fp32`, the kernel torch.ao's dynamic Linear uses) with the input scale
+fixed at 1.0: the rows are already integers, so fbgemm's own quantization only shifts them by
+the zero point, and its output is the exact int32 sum times the weight scale. Multiplied by
+each row's scale afterwards, a row's output is bitwise the same whatever other rows share the
+forward (several requests' decode steps in one batch, issue 9), which the torch.ao dynamic
+Linear (one scale for the whole input) does not give.
 
-q/k/v and gate/up are fused (one weight, one quantization of the input, one GEMM) behind
+Why fbgemm and 127/63: fbgemm multiplies uint8 activations by int8 weights. With VNNI the
+sums are 32-bit and exact at 8 bits; without it (AVX2, AVX-512 before VNNI) a pair of
+products is summed in 16 bits and 255 x 127 x 2 saturates, so rows get 7 bits there
+(`row_limit` finds out once per process by a worst-case product). oneDNN, used before,
+served the same bits but ran its reference kernel (45 ms per call) on any CPU without AMX
+and cost 30-40 us more per call at one row (python -m bench.int8_kernels). The ops are
+internal to torch, so `available()` checks at load that they exist and are exact and
+batch-invariant here; the loader (inference/quantize.py) falls back to the torch.ao Linear
+when not.
+
+q/k/v and gate/up are fused (one weight, one scaling of the input, one GEMM) behind
 `FusedParts`: the decoder's own forward still calls q_proj(x), k_proj(x), v_proj(x), and each
-gets its slice of the one product. The fusion is not optional with this op: oneDNN took 4-8 ms
-for the lone N=128 k/v projections at M <= 2 (/tmp/research9, issue 9). This module knows
-nothing of checkpoints or smoothing.
+gets its slice of the one product: fewer calls, and the per-call cost is what a decode step
+at one row pays most for. This module knows nothing of checkpoints or smoothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -31,13 +43,16 @@ log = logging.getLogger("deskchat.rowint8")
 ROWS_PER_PACK = 16384
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [M, K], float32 scale [M, 1]) for a float [M, K]: symmetric, one scale per row.
-    Every op works row by row, so a row's result does not depend on the others."""
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).float()
+def scale_rows(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float [M, K] of integers in [-limit, limit], float32 scale [M, 1]): symmetric, one
+    scale per row. Rounded here (half to even), not left to the kernel's quantization, which
+    adds the zero point first and so rounds some values twice. Every op works row by row, so
+    a row's result does not depend on the others. abs().amax() is exact, like the infinity
+    norm used before, and 3-5x faster."""
+    amax = x.abs().amax(-1, keepdim=True)
     amax.clamp_(min=1e-12)  # an all-zero row quantizes to zeros with a harmless scale
-    q = (x * (127.0 / amax)).round_().to(torch.int8)
-    return q, amax.div_(127.0)
+    scaled = (x * (limit / amax)).round_()
+    return scaled, amax.div_(limit)
 
 
 # Weight rows quantized at a time: the float temporaries stay a few MB.
@@ -58,56 +73,81 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+@contextlib.contextmanager
+def _fbgemm_engine():
+    """torch.ao's prepack follows the process-wide engine: fbgemm's packing while inside."""
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        with warnings.catch_warnings():
+            # torch marks quantized tensors deprecated; the packed weight is one, for now.
+            warnings.filterwarnings(
+                "ignore", message=".*quantize.*deprecated", category=UserWarning
+            )
+            yield
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor):
+    """fbgemm's packed form of an int8 weight [N, K] with one scale per output channel."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.int64)
+    with _fbgemm_engine():
+        weight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
+        return torch.ops.quantized.linear_prepack(weight, None)
+
+
+def integer_product(scaled: torch.Tensor, packed, limit: int) -> torch.Tensor:
+    """float [M, N]: the exact int32 product of integer-valued rows and the weight, times the
+    weight's scales. The rows go in as uint8 shifted by limit + 1 (1..2*limit+1)."""
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        scaled, 1.0, limit + 1, packed
+    )
+
+
 class RowInt8Linear(nn.Module):
     """Drop-in for nn.Linear (inference only, float32 in and out), batch-invariant per row.
 
     The weight is given in blocks of output rows (`from_blocks`) so that a big one (the
-    lm_head) is quantized and packed a block at a time; the input is quantized once per call
-    whatever the number of packed parts.
+    lm_head) is quantized and packed a block at a time; the input is scaled once per call
+    whatever the number of packed parts. `limit` (the rows' integer range) defaults to what
+    this CPU's kernel sums exactly.
     """
 
-    def __init__(self, in_features: int, bias: torch.Tensor | None = None):
+    def __init__(self, in_features: int, bias: torch.Tensor | None = None, limit: int = 0):
         super().__init__()
         self.in_features = in_features
         self.out_features = 0
-        # Packed oneDNN weights are opaque tensors: plain attributes, not buffers, so that
+        self.limit = limit or row_limit()
+        # Packed fbgemm weights are opaque objects: plain attributes, not buffers, so that
         # state_dict() and .to() never see them.
-        self._packed: list[torch.Tensor] = []
-        self._scales: list[torch.Tensor] = []
-        self._zeros: list[torch.Tensor] = []
+        self._packed: list = []
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> RowInt8Linear:
+    def from_weight(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, limit: int = 0
+    ) -> RowInt8Linear:
         rows = weight.shape[0]
         blocks = ((s, weight[s : s + ROWS_PER_PACK]) for s in range(0, rows, ROWS_PER_PACK))
-        return cls.from_blocks(weight.shape[1], blocks, bias)
+        return cls.from_blocks(weight.shape[1], blocks, bias, limit)
 
     @classmethod
-    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None):
+    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None, limit=0):
         """`blocks` yields (first row, float block [n, in_features]) in order."""
-        linear = cls(in_features, bias)
+        linear = cls(in_features, bias, limit)
         for _start, block in blocks:
             linear._add_block(block)
         return linear
 
     def _add_block(self, block: torch.Tensor) -> None:
         q, scale = quantize_weight(block)
-        # Packed for one input row: the layout oneDNN picks for decode steps, also as fast at
-        # 32 and 256 rows, and the same int32 sums (python -m bench.int8_kernels).
-        self._packed.append(torch.ops.onednn.qlinear_prepack(q, [1, self.in_features]))
+        self._packed.append(pack(q, scale))
         del q
-        self._scales.append(scale)
-        self._zeros.append(torch.zeros(block.shape[0], dtype=torch.int64))
         self.out_features += block.shape[0]
 
-    def _gemm(self, q: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
-        outs = [
-            torch.ops.onednn.qlinear_pointwise(
-                q, 1.0, 0, packed, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
-            )
-            for packed, scale, zeros in zip(self._packed, self._scales, self._zeros, strict=True)
-        ]
+    def _gemm(self, scaled: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        outs = [integer_product(scaled, packed, self.limit) for packed in self._packed]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         # Separate in-place ops, no fused multiply-add: the same arithmetic for every row.
         y.mul_(row_scale)
@@ -120,13 +160,13 @@ class RowInt8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        y = self._gemm(*quantize_rows(flat))
+        y = self._gemm(*scale_rows(flat, self.limit))
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}, out={self.out_features}, packs={len(self._packed)}, "
-            f"bias={self.bias is not None}"
+            f"limit={self.limit}, bias={self.bias is not None}"
         )
 
 
@@ -221,8 +261,29 @@ def quantize_decoder_layer(layer: nn.Module) -> bool:
     return True
 
 
+# The rows' integer ranges, widest first: 8 bits where the kernel sums exactly (VNNI), else 7.
+LIMITS = (127, 63)
+
+
+@functools.cache
+def row_limit() -> int:
+    """The widest row range whose worst case (every product at its maximum) this CPU's
+    fbgemm kernel sums exactly; without VNNI 8 bits saturate a 16-bit pair sum. Raises when
+    none does."""
+    k = 64
+    q = torch.full((8, k), 127, dtype=torch.int8)
+    packed = pack(q, torch.ones(8))
+    for limit in LIMITS:
+        x = torch.full((1, k), float(limit))
+        with torch.inference_mode():
+            got = integer_product(x, packed, limit)
+        if torch.equal(got, torch.full((1, 8), float(k * 127 * limit))):
+            return limit
+    raise RuntimeError("fbgemm's int8 product is not exact here even with 7-bit rows")
+
+
 def _self_check() -> None:
-    """Raises unless the ops exist and give batch-invariant, plausible results here."""
+    """Raises unless the ops exist and give exact, batch-invariant, plausible results here."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(48, 64, generator=gen)
     bias = torch.randn(48, generator=gen)

@@ -31,12 +31,12 @@ GENERATIONS = [
      "aten-default"),
     ("AMD Bulldozer (FMA4, no AVX2)", facts(AVX | {"fma4"}, "DEFAULT", NO_FBGEMM), "avx", False,
      "qnnpack", "none", "aten-default"),
-    ("Haswell", facts(AVX2, "AVX2"), "avx2", False, "fbgemm", "none", "aten"),
+    ("Haswell", facts(AVX2, "AVX2"), "avx2", False, "fbgemm", "fbgemm", "aten"),
     ("Alder Lake (AVX-VNNI)", facts(AVX2 | {"avx_vnni"}, "AVX2"), "avx2", True, "fbgemm",
-     "onednn", "aten"),
-    ("Skylake-X", facts(AVX512, "AVX512"), "avx512", False, "fbgemm", "none", "aten"),
+     "fbgemm", "aten"),
+    ("Skylake-X", facts(AVX512, "AVX512"), "avx512", False, "fbgemm", "fbgemm", "aten"),
     ("Cascade Lake (VNNI)", facts(AVX512 | {"avx512_vnni"}, "AVX512"), "avx512", True,
-     "fbgemm", "onednn", "aten"),
+     "fbgemm", "fbgemm", "aten"),
 ]  # fmt: skip
 
 
@@ -69,7 +69,7 @@ def test_torch_capability_caps_the_generation():
         "avx2",
         False,
         "fbgemm",
-        "none",
+        "fbgemm",
     )
     default = cpu.choose(facts(AVX512, "DEFAULT"))
     assert (default.isa, default.int8) == ("avx", "qnnpack")
@@ -93,15 +93,15 @@ def test_default_int8_falls_back_to_fp32_where_no_int8_kernel_works():
     assert "serving quantize=none (asked int8" in plan.summary()
 
 
-@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge", "Haswell"])
-def test_int8_row_without_vnni_is_refused_saying_why_and_what_to_use(generation):
+@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge"])
+def test_int8_row_without_avx2_is_refused_saying_why_and_what_to_use(generation):
     paths = paths_of(generation)
     with pytest.raises(cpu.CpuUnsupported) as refused:
         cpu.plan(paths, "int8-row")
     message = str(refused.value)
     assert isinstance(refused.value, ConfigError)  # reported like any bad setting: exit 2
     assert message.startswith("--quantize int8-row")
-    assert "VNNI" in message and paths.isa in message
+    assert "AVX2" in message and paths.isa in message
     assert f"--quantize auto (the default), int8 ({paths.int8} here)" in message
     assert "\n" not in message
 
@@ -113,16 +113,18 @@ def test_int4_is_refused_only_where_it_was_never_checked():
     assert cpu.plan(cpu.choose(facts(SSE42, "DEFAULT", NO_FBGEMM)), "int4").quantize == "int4"
 
 
-@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge", "Haswell"])
-def test_auto_serves_int8_without_vnni(generation):
-    plan = cpu.plan(paths_of(generation), "auto", batching=True)
+@pytest.mark.parametrize("generation", ["Nehalem / Westmere", "Sandy / Ivy Bridge"])
+def test_auto_serves_torch_ao_int8_without_avx2(generation):
+    plan = cpu.plan(paths_of(generation), "auto")
     assert plan.quantize == "int8" and "(auto: " in plan.summary()
 
 
-def test_auto_serves_int8_row_only_for_batching_with_vnni_and_fp32_on_older_cpus():
-    vnni = cpu.choose(facts(AVX512 | {"avx512_vnni"}, "AVX512"))
-    assert cpu.plan(vnni, "auto", batching=True).quantize == "int8-row"
-    assert cpu.plan(vnni, "auto").quantize == "int8"  # one job at a time: the fastest
+@pytest.mark.parametrize("generation", ["Haswell", "Skylake-X", "Cascade Lake (VNNI)"])
+def test_auto_serves_int8_row_from_avx2_on(generation):
+    assert cpu.plan(paths_of(generation), "auto").quantize == "int8-row"
+
+
+def test_auto_serves_fp32_on_cpus_without_an_int8_kernel():
     older = cpu.choose(facts({"sse2"}, "DEFAULT", NO_FBGEMM))
     assert cpu.plan(older, "auto").quantize == "none"
 
@@ -160,7 +162,8 @@ def test_a_flag_counts_only_when_kernel_and_cpuid_agree():
 def test_this_machine_detects_and_plans_the_default():
     plan = cpu.plan_here("auto")
     assert plan.paths.isa in ("avx512", "avx2", "avx", "sse4.2")
-    assert plan.quantize == "int8" and plan.paths.int8 != "none"
+    assert plan.paths.int8 != "none"
+    assert plan.quantize == ("int8-row" if plan.paths.int8_row != "none" else "int8")
 
 
 def paths_of(generation: str) -> cpu.Paths:

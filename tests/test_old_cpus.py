@@ -55,7 +55,7 @@ def test_onednn_int8_is_refused_on_nehalem_instead_of_dying(qemu, start_server):
     assert "usable here: qnnpack" in lines[0]
 
 
-def test_int8_row_is_refused_without_vnni(start_server):
+def test_int8_row_is_refused_without_avx2(start_server):
     """Natively, with torch's kernels capped below AVX2 (as on a Sandy Bridge): one line,
     exit 2, before anything loads."""
     server = start_server(
@@ -69,4 +69,4 @@ def test_int8_row_is_refused_without_vnni(start_server):
     assert server.proc.wait(60) == 2
     lines = server.log().splitlines()
     assert len(lines) == 1 and lines[0].startswith("server.py: --quantize int8-row"), lines
-    assert "VNNI" in lines[0] and "Traceback" not in server.log()
+    assert "AVX2" in lines[0] and "Traceback" not in server.log()
