@@ -144,10 +144,10 @@ class Config:
         4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000
     )
     max_batch: int = _setting(
-        1,
-        "Jobs generated side by side in one batch (continuous batching, with quantize auto "
-        "on int8-row); 1 runs one job at a time, each at full speed. README 'Several users "
-        "at once' has the measured trade-off.",
+        4,
+        "Jobs generated side by side in one batch (continuous batching; needs int8-row, which "
+        "auto serves from AVX2 on, else one job at a time); 1 runs one job at a time. README "
+        "'Several users at once' has the measured curve.",
         1,
         64,
     )

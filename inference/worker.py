@@ -309,9 +309,11 @@ class Worker:
 
     def _fit_batch(self) -> None:
         """One job at a time unless the engine's answers are the same alone or in a batch:
-        a user must not get a different answer because someone else asked at the time."""
+        a user must not get a different answer because someone else asked at the time.
+        INFO, not WARNING: with the default --max-batch this is the expected state of a CPU
+        without AVX2 or of float and int4 weights."""
         if self.max_batch > 1 and not self.engine.batch_invariant:
-            log.warning(
+            log.info(
                 "--max-batch %d needs batch-invariant Linears (quantize int8-row on a CPU "
                 "that runs it): running one job at a time",
                 self.max_batch,

@@ -171,7 +171,7 @@ def test_admission_waits_while_the_memory_budget_is_used(worker_for):
 def test_an_engine_that_is_not_batch_invariant_runs_one_job_at_a_time(worker_for, caplog):
     engine = FakeEngine(token_s=0.005)
     engine.batch_invariant = False
-    with caplog.at_level(logging.WARNING, logger="deskchat.worker"):
+    with caplog.at_level(logging.INFO, logger="deskchat.worker"):
         worker = worker_for(engine, max_batch=4)
         jobs = [worker.submit(Job(ids(f"j{i}"), Sampling(max_tokens=5), 30)) for i in range(3)]
         assert all(isinstance(terminal_events(job)[1], Done) for job in jobs)
