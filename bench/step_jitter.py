@@ -22,6 +22,23 @@ from pathlib import Path
 from bench.latency import summary
 
 
+def engine_and_prompt(model: str, threads: int | None) -> tuple:
+    """(engine, prompt ids, threads): the server's engine on `model` with its settings (the
+    thread count replaced when given), answers never ending early, and one coding question."""
+    from bench.cli import resolve_model
+    from inference.config import load_config
+    from inference.loading import ModelChoice, load_model
+
+    config = load_config([], os.environ)
+    if threads:
+        config = dataclasses.replace(config, threads=threads)
+    folder = Path(resolve_model(model, config.cache_dir, None))
+    engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
+    engine.eos_ids = set()  # every answer max_tokens long
+    ask = "Write a Python function that parses a CSV file, and explain it."
+    return engine, prompts.encode([{"role": "user", "content": ask}]), config.threads
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.step_jitter", description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
@@ -35,19 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             "--answers 1 or more"
         )
 
-    from bench.cli import resolve_model
-    from inference.config import load_config
     from inference.jobs import Sampling
-    from inference.loading import ModelChoice, load_model
 
-    config = load_config([], os.environ)
-    if args.threads:
-        config = dataclasses.replace(config, threads=args.threads)
-    folder = Path(resolve_model(args.model, config.cache_dir, None))
-    engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
-    engine.eos_ids = set()  # every answer max_tokens long
-    ask = "Write a Python function that parses a CSV file, and explain it."
-    prompt_ids = prompts.encode([{"role": "user", "content": ask}])
+    engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
     wall, cpu = [], []
     load_before = os.getloadavg()[0]
     for _ in range(args.answers):
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             first = False
         engine.close(stream)
     report = {
-        "threads": config.threads,
+        "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "steps": len(wall),
         "load_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],

@@ -124,6 +124,41 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys):
         assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]
 
 
+def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, capsys):
+    from bench import step_profile
+
+    args = ["--model", str(embedded_dir), "--threads", "1", "--batch", "1,3", "--steps", "3"]
+    threads = torch.get_num_threads()
+    try:
+        assert step_profile.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["batch"] for r in reports] == [1, 3]
+    for r in reports:
+        split = r["split_ms"]
+        assert r["steps"] == 3 and r["step_ms_plain_p50"] > 0
+        # the engine serves int8-row here: its GEMMs are fbgemm's, and they cost something
+        assert split["int8 GEMM"] > 0 and "attention" in split
+        assert abs(sum(split.values()) - r["step_ms_profiled"]) < 0.05
+        assert 0 < len(r["top_ops"]) <= 12
+    gemm_calls = {
+        r["batch"]: next(op["calls"] for op in r["top_ops"] if op["op"].startswith("quantized::"))
+        for r in reports
+    }
+    assert gemm_calls[1] == gemm_calls[3]  # one GEMM per Linear per step, whatever the batch
+
+
+def test_step_profile_categories():
+    from bench.step_profile import category
+
+    assert category("quantized::linear_with_input_q_dq_qweight_dq_output_fp32") == "int8 GEMM"
+    assert category("aten::scaled_dot_product_attention") == "attention"
+    assert category("aten::copy_") == "copies and layout"
+    assert category("aten::rsqrt") == "elementwise and norms"
+    assert category("prim::Something") == "other"
+
+
 def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch):
     from bench import int8_kernels
     from inference import rowint8

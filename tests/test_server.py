@@ -40,15 +40,6 @@ CONVERSATIONS = [
         "Tokyo",
         id="city",
     ),
-    pytest.param(
-        [
-            {"role": "user", "content": "Remember this word: banana."},
-            {"role": "assistant", "content": "OK, I will remember the word banana."},
-            {"role": "user", "content": "Which word did I ask you to remember?"},
-        ],
-        "banana",
-        id="word",
-    ),
 ]
 
 
