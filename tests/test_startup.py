@@ -252,7 +252,7 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
 
 
 def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
-    server = start_server("--model", "embedded", "--max-queue", "2")
+    server = start_server("--model", "embedded", "--max-queue", "2", "--max-batch", "1")
     running = Stream(server.url, {"message": "Tell me a very long story.", "max_tokens": 1000})
     events = running.events()
     next(events)
