@@ -54,7 +54,7 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
     onednn_any_m = torch.ops.onednn.qlinear_prepack(qw, None)
     qw_t, qw_t_contiguous = qw.t(), qw.t().contiguous()
     ao = torch.ao.nn.quantized.dynamic.Linear(weight.shape[1], weight.shape[0])
-    with rowint8._fbgemm_engine():
+    with rowint8.fbgemm_engine():
         ao.set_weight_bias(
             torch.quantize_per_channel(weight, w_scale.double(), zeros, 0, torch.qint8), None
         )

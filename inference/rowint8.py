@@ -74,7 +74,7 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _fbgemm_engine():
+def fbgemm_engine():
     """torch.ao's prepack follows the process-wide engine: fbgemm's packing while inside."""
     engine = torch.backends.quantized.engine
     torch.backends.quantized.engine = "fbgemm"
@@ -92,7 +92,7 @@ def _fbgemm_engine():
 def pack(q: torch.Tensor, scale: torch.Tensor):
     """fbgemm's packed form of an int8 weight [N, K] with one scale per output channel."""
     zeros = torch.zeros(q.shape[0], dtype=torch.int64)
-    with _fbgemm_engine():
+    with fbgemm_engine():
         weight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
         return torch.ops.quantized.linear_prepack(weight, None)
 
@@ -110,32 +110,30 @@ class RowInt8Linear(nn.Module):
 
     The weight is given in blocks of output rows (`from_blocks`) so that a big one (the
     lm_head) is quantized and packed a block at a time; the input is scaled once per call
-    whatever the number of packed parts. `limit` (the rows' integer range) defaults to what
-    this CPU's kernel sums exactly.
+    whatever the number of packed parts. `limit` is the rows' integer range: what this CPU's
+    kernel sums exactly.
     """
 
-    def __init__(self, in_features: int, bias: torch.Tensor | None = None, limit: int = 0):
+    def __init__(self, in_features: int, bias: torch.Tensor | None = None):
         super().__init__()
         self.in_features = in_features
         self.out_features = 0
-        self.limit = limit or row_limit()
+        self.limit = row_limit()
         # Packed fbgemm weights are opaque objects: plain attributes, not buffers, so that
         # state_dict() and .to() never see them.
         self._packed: list = []
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
-    def from_weight(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, limit: int = 0
-    ) -> RowInt8Linear:
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> RowInt8Linear:
         rows = weight.shape[0]
         blocks = ((s, weight[s : s + ROWS_PER_PACK]) for s in range(0, rows, ROWS_PER_PACK))
-        return cls.from_blocks(weight.shape[1], blocks, bias, limit)
+        return cls.from_blocks(weight.shape[1], blocks, bias)
 
     @classmethod
-    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None, limit=0):
+    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None):
         """`blocks` yields (first row, float block [n, in_features]) in order."""
-        linear = cls(in_features, bias, limit)
+        linear = cls(in_features, bias)
         for _start, block in blocks:
             linear._add_block(block)
         return linear

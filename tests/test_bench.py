@@ -108,15 +108,19 @@ def test_table_has_a_column_per_peer_and_keeps_the_engine_baseline_ratio():
     assert "0.50x" in table
 
 
-def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys):
+@pytest.fixture
+def keep_threads():
+    """A bench's --threads (or loading a model) sets torch's thread count for the process."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, keep_threads):
     from bench import step_jitter
 
     args = ["--model", str(embedded_dir), "--threads", "1", "--answers", "2", "--max-tokens", "6"]
-    threads = torch.get_num_threads()
-    try:
-        assert step_jitter.main(args) == 0
-    finally:
-        torch.set_num_threads(threads)  # loading the model set it for the process
+    assert step_jitter.main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["threads"] == 1 and report["steps"] == 2 * 5  # the prefill step left out
     for side in ("wall_ms", "cpu_ms"):
@@ -124,15 +128,11 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys):
         assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]
 
 
-def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, capsys):
+def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, capsys, keep_threads):
     from bench import step_profile
 
     args = ["--model", str(embedded_dir), "--threads", "1", "--batch", "1,3", "--steps", "3"]
-    threads = torch.get_num_threads()
-    try:
-        assert step_profile.main(args) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert step_profile.main(args) == 0
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["batch"] for r in reports] == [1, 3]
     for r in reports:
@@ -157,20 +157,17 @@ def test_step_profile_categories():
     assert category("aten::copy_") == "copies and layout"
     assert category("aten::rsqrt") == "elementwise and norms"
     assert category("prim::Something") == "other"
+    assert category("aten::div_") == "elementwise and norms"  # the row scaling uses it too
 
 
-def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch):
+def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch, keep_threads):
     from bench import int8_kernels
     from inference import rowint8
 
     if not rowint8.available():
         pytest.skip("no per-row int8 Linear on this CPU (README 'Old CPUs')")
     monkeypatch.setattr(int8_kernels, "SHAPES", {"small": (64, 32)})
-    threads = torch.get_num_threads()
-    try:
-        assert int8_kernels.main(["--threads", "1", "--rows", "1,3", "--calls", "2"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert int8_kernels.main(["--threads", "1", "--rows", "1,3", "--calls", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {(r["rows"], r["kernel"]) for r in rows} >= {
         (1, int8_kernels.SERVED),
