@@ -14,8 +14,9 @@ Why fbgemm and 127/63: fbgemm multiplies uint8 activations by int8 weights. With
 sums are 32-bit and exact at 8 bits; without it (AVX2, AVX-512 before VNNI) a pair of
 products is summed in 16 bits and 255 x 127 x 2 saturates, so rows get 7 bits there
 (`row_limit` finds out once per process by a worst-case product). oneDNN, used before,
-served the same bits but ran its reference kernel (45 ms per call) on any CPU without AMX
-and cost 30-40 us more per call at one row (python -m bench.int8_kernels). The ops are
+served the same bits but ran its reference kernel (45 ms per call) on any CPU without AMX;
+with AMX it cost up to 20 us more per call at 1-4 rows and was faster from 16 rows
+(python -m bench.int8_kernels, README "Speed"). The ops are
 internal to torch, so `available()` checks at load that they exist and are exact and
 batch-invariant here; the loader (inference/quantize.py) falls back to the torch.ao Linear
 when not.
