@@ -164,7 +164,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
 
     from inference import cpu
     from inference.engine import Engine
-    from inference.prompt import PromptBuilder
+    from inference.prompt import PromptBuilder, read_only
     from inference.quantize import compute_dtype, load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
@@ -182,7 +182,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
             f"{choice.path} has no chat template: deskchat serves instruct "
             "(chat) models; use an -Instruct model folder"
         )
-    prompt_tokenizer = AutoTokenizer.from_pretrained(choice.path)
+    read_only(tokenizer)
     if quantize == "none":
         dtype = compute_dtype(quantize, config.dtype)
         model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)
@@ -208,4 +208,4 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
     )
-    return engine, PromptBuilder(prompt_tokenizer, context)
+    return engine, PromptBuilder(tokenizer, context)

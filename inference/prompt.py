@@ -1,7 +1,11 @@
 """Turning chat messages into prompt token ids with the model's own chat template.
 
-Used by request handlers, so it owns a tokenizer of its own behind a lock: the worker's
-tokenizer (used to decode answers) is never touched from a handler thread.
+Used by request handlers, which take turns on the tokenizer behind a lock. The worker
+decodes answers with the same tokenizer, without that lock (a second copy of a Qwen
+tokenizer costs ~100 MB, issue 10): the Rust tokenizer underneath allows any number of
+concurrent readers, and encoding and decoding only read it, once `read_only` has settled the
+one state transformers may write on a call (truncation and padding, which none of our calls
+ask for).
 """
 
 from __future__ import annotations
@@ -9,6 +13,16 @@ from __future__ import annotations
 import threading
 
 from inference.errors import PayloadTooLarge
+
+
+def read_only(tokenizer) -> None:
+    """Clear the fast tokenizer's truncation and padding now, at load: transformers switches
+    them off on the first call that finds them set (a tokenizer.json may set them), and that
+    write must not meet the worker reading the tokenizer. Afterwards no call of ours writes."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
 
 
 class PromptBuilder:

@@ -45,3 +45,49 @@ def test_check_fits_names_the_counts(builder):
     builder.check_fits(63)
     with pytest.raises(PayloadTooLarge, match="64 tokens.*at most 63"):
         builder.check_fits(64)
+
+
+def test_handlers_and_the_worker_can_share_one_tokenizer(embedded_dir):
+    """The loader gives handlers and the worker one tokenizer (issue 10: ~100 MB less):
+    handlers encode under the builder's lock while the worker decodes beside them."""
+    import threading
+
+    from inference.prompt import read_only
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    tokenizer.backend_tokenizer.enable_truncation(8)  # as a tokenizer.json may set it
+    read_only(tokenizer)
+    assert tokenizer.backend_tokenizer.truncation is None
+    shared = PromptBuilder(tokenizer, 4096)
+    questions = [f"Question {i}: what is {i} times {i + 3}? 你好, résumé" for i in range(12)]
+    want = {q: shared.encode([{"role": "user", "content": q}]) for q in questions}
+    assert all(len(ids) > 8 for ids in want.values())  # nothing truncated
+    texts = {q: tokenizer.decode(ids, skip_special_tokens=True) for q, ids in want.items()}
+    failures = []
+
+    def handler():
+        for q in questions * 30:
+            if shared.encode([{"role": "user", "content": q}]) != want[q]:
+                failures.append(f"encode {q!r}")
+
+    def worker():
+        for q in questions * 60:
+            if tokenizer.decode(want[q], skip_special_tokens=True) != texts[q]:
+                failures.append(f"decode {q!r}")
+
+    def recording(work):
+        def run():
+            try:
+                work()
+            except Exception as exc:  # "Already borrowed" and the like
+                failures.append(repr(exc))
+
+        return threading.Thread(target=run)
+
+    threads = [recording(handler) for _ in range(3)] + [recording(worker)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
