@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from inference.config import DTYPE_CHOICES, QUANTIZE_CHOICES
+from inference.mapped_embedding import MappedEmbedding, map_tensor
 
 log = logging.getLogger("deskchat.quantize")
 
@@ -93,7 +94,7 @@ class Int8Embedding(nn.Module):
             if q is None:
                 q = torch.empty(rows, dim, dtype=torch.int8)
                 scale = torch.empty(rows, dim // group, dtype=torch.float32)
-            grouped = block.float().reshape(n, dim // group, group)
+            grouped = block.to(torch.float32, copy=True).reshape(n, dim // group, group)
             s = (grouped.abs().amax(dim=-1) / 127).clamp(min=1e-12)
             grouped.div_(s[..., None]).round_()
             q[start : start + n] = grouped.reshape(n, dim).to(torch.int8)
@@ -258,19 +259,21 @@ class CheckpointReader:
                 block = block.to(dtype, copy=True)
             yield start, block
 
+    def mapped_embedding(self, name: str, out_dtype: torch.dtype) -> MappedEmbedding | None:
+        """The table `name` mapped from its file (inference/mapped_embedding.py), or None
+        when its dtype cannot be mapped."""
+        table = map_tensor(self.where[name], name)
+        return None if table is None else MappedEmbedding(table, out_dtype)
+
     def read_prefix(self, prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         names = [k for k in self.where if k.startswith(prefix)]
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
-def _scaled_blocks(blocks, column_scale: torch.Tensor | None):
-    """Row blocks, columns multiplied by `column_scale` in float32 (smoothing of lm_head);
-    each freed before the next is read."""
-    for start, block in blocks:
-        if column_scale is not None:
-            block = block.float().mul_(column_scale)
-        yield start, block
-        del block
+def _trimmed(blocks):
+    """The blocks, with the heap trimmed after each is used (freed memory leaves RSS)."""
+    for item in blocks:
+        yield item
         _trim_malloc()
 
 
@@ -326,8 +329,10 @@ def load_quantized(
         and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb"))
     ):
         return _load_then_quantize(folder, quantize, target)
-    blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)
-    embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
+    embed = reader.mapped_embedding(embed_name, target)
+    if embed is None:
+        blocks = reader.row_blocks(embed_name, 8192, torch.bfloat16)
+        embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
     calibrate = quantize in ("int8", "int8-row") and calibration_ids is not None
@@ -353,6 +358,7 @@ def load_quantized(
             if per_row:
                 log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
             quantize_linears(layer, quantize)
+        groups = None  # it holds the layer's float Linears: they must go before the next
         _trim_malloc()
     decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
     # lm_head gets its own quantized copy (from the checkpoint's table, block by block): with
@@ -368,16 +374,17 @@ def load_quantized(
         wmax = torch.zeros_like(absmax)
         for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             torch.maximum(wmax, smooth.column_absmax(block), out=wmax)
+            del block
         head_scale = smooth.scales_from_wmax(absmax, wmax, smooth.ALPHA)
         smooth.divide_source(decoder.norm, "norm", head_scale)
-    blocks = reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16)
     if per_row:
+        blocks = _trimmed(reader.row_blocks(head_name, rowint8.ROWS_PER_CHUNK, torch.bfloat16))
         model.lm_head = rowint8.RowInt8Linear.from_blocks(
-            config.hidden_size, _scaled_blocks(blocks, head_scale)
+            config.hidden_size, blocks, column_scale=head_scale
         )
     else:
         parts = []
-        for _start, block in blocks:
+        for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             parts.append(quantized_linear(block, None, quantize, head_scale))
             del block
             _trim_malloc()

@@ -39,8 +39,8 @@ from torch import nn
 
 log = logging.getLogger("deskchat.rowint8")
 
-# Output rows packed per oneDNN weight: a 151936-row lm_head is packed in parts, so that its
-# float, int8 and packed copies never exist whole at once while loading.
+# Output rows per packed fbgemm weight: a 151936-row lm_head is packed in parts, so that its
+# int8 and packed copies never exist whole at once while loading.
 ROWS_PER_PACK = 16384
 
 
@@ -60,14 +60,20 @@ def scale_rows(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]
 ROWS_PER_CHUNK = 4096
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [N, K], float32 scale [N]): symmetric, one scale per output channel."""
+def quantize_weight(
+    weight: torch.Tensor, column_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], float32 scale [N]): symmetric, one scale per output channel, of the
+    weight with its columns multiplied by `column_scale` first (in float32, a chunk at a
+    time, so a big block never exists whole in float32)."""
     n = weight.shape[0]
     q = torch.empty(weight.shape, dtype=torch.int8)
     scale = torch.empty(n, dtype=torch.float32)
     for start in range(0, n, ROWS_PER_CHUNK):
         rows = slice(start, start + ROWS_PER_CHUNK)
         w = weight.detach()[rows].to(torch.float32, copy=True)
+        if column_scale is not None:
+            w.mul_(column_scale)
         s = torch.linalg.vector_norm(w, float("inf"), dim=1).div_(127.0).clamp_(min=1e-12)
         q[rows] = w.div_(s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         scale[rows] = s
@@ -128,22 +134,40 @@ class RowInt8Linear(nn.Module):
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> RowInt8Linear:
         rows = weight.shape[0]
-        blocks = ((s, weight[s : s + ROWS_PER_PACK]) for s in range(0, rows, ROWS_PER_PACK))
+        blocks = ((s, weight[s : s + ROWS_PER_CHUNK]) for s in range(0, rows, ROWS_PER_CHUNK))
         return cls.from_blocks(weight.shape[1], blocks, bias)
 
     @classmethod
-    def from_blocks(cls, in_features: int, blocks, bias: torch.Tensor | None = None):
-        """`blocks` yields (first row, float block [n, in_features]) in order."""
+    def from_blocks(
+        cls,
+        in_features: int,
+        blocks,
+        bias: torch.Tensor | None = None,
+        column_scale: torch.Tensor | None = None,
+    ):
+        """`blocks` yields (first row, float block [n, in_features]) in order; the weight is
+        those rows with their columns multiplied by `column_scale` (when given). Blocks are
+        quantized as they come and packed ROWS_PER_PACK rows at a time: small blocks keep
+        the float temporaries of a big weight small, and few packs keep the calls few."""
         linear = cls(in_features, bias)
+        q_parts, scale_parts, pending = [], [], 0
         for _start, block in blocks:
-            linear._add_block(block)
+            q, scale = quantize_weight(block, column_scale)
+            q_parts.append(q)
+            scale_parts.append(scale)
+            pending += q.shape[0]
+            if pending >= ROWS_PER_PACK:
+                linear._add_pack(q_parts, scale_parts)
+                q_parts, scale_parts, pending = [], [], 0
+        if q_parts:
+            linear._add_pack(q_parts, scale_parts)
         return linear
 
-    def _add_block(self, block: torch.Tensor) -> None:
-        q, scale = quantize_weight(block)
-        self._packed.append(pack(q, scale))
-        del q
-        self.out_features += block.shape[0]
+    def _add_pack(self, q_parts: list[torch.Tensor], scale_parts: list[torch.Tensor]) -> None:
+        q = q_parts[0] if len(q_parts) == 1 else torch.cat(q_parts)
+        q_parts.clear()  # the caller's parts go with the concatenation
+        self._packed.append(pack(q, torch.cat(scale_parts)))
+        self.out_features += q.shape[0]
 
     def _gemm(self, scaled: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         outs = [integer_product(scaled, packed, self.limit) for packed in self._packed]

@@ -59,6 +59,7 @@ def test_packed_in_parts_is_the_same_as_packed_whole(monkeypatch):
     weight = torch.randn(100, 64, generator=gen)
     whole = RowInt8Linear.from_weight(weight)
     monkeypatch.setattr(rowint8, "ROWS_PER_PACK", 32)
+    monkeypatch.setattr(rowint8, "ROWS_PER_CHUNK", 16)  # blocks of 16 rows, packed by 32
     parts = RowInt8Linear.from_weight(weight)
     assert len(parts._packed) == 4 and parts.out_features == 100
     x = activations(3, 64)

@@ -1,0 +1,67 @@
+"""The token embedding read straight from the checkpoint file, mapped, not copied.
+
+A decode step looks up one row of the table per sequence, so only the rows of tokens
+actually seen are ever read: the kernel pages them in on first touch (one 4 KB page holds a
+Qwen row) and, as clean file pages, may drop them again under memory pressure. Held as an
+int8 copy instead (`quantize.Int8Embedding`), Qwen2.5-0.5B's 151936 x 896 table cost 136 MB
+of RSS whether used or not (issue 10: the engine must stay under 1000 MB). The rows are the
+checkpoint's own values (bf16 for Qwen), so nothing is lost to rounding either.
+
+The file must stay as it is while the server runs: the downloader replaces a model by
+renaming a complete new folder over it, which leaves this mapping on the old file, but
+truncating the file in place would make a lookup fail with SIGBUS.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+# safetensors dtype -> (numpy dtype of the same width, torch dtype to view it as)
+_DTYPES = {
+    "BF16": (np.int16, torch.bfloat16),
+    "F16": (np.float16, torch.float16),
+    "F32": (np.float32, torch.float32),
+}
+
+
+def map_tensor(file: Path, name: str) -> torch.Tensor | None:
+    """Tensor `name` of a safetensors file as a read-only view of the file's pages, or None
+    when its dtype is not one of _DTYPES."""
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    entry = header[name]
+    if entry["dtype"] not in _DTYPES:
+        return None
+    np_dtype, torch_dtype = _DTYPES[entry["dtype"]]
+    begin, _end = entry["data_offsets"]
+    array = np.memmap(
+        file, dtype=np_dtype, mode="r", offset=8 + length + begin, shape=tuple(entry["shape"])
+    )
+    with warnings.catch_warnings():
+        # read-only by design: nothing writes to an embedding table
+        warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
+        return torch.from_numpy(array).view(torch_dtype)
+
+
+class MappedEmbedding(nn.Module):
+    """nn.Embedding over a mapped table, handing out `out_dtype` vectors."""
+
+    def __init__(self, table: torch.Tensor, out_dtype: torch.dtype):
+        super().__init__()
+        self.table = table  # a plain attribute: not a buffer that state_dict or .to() copies
+        self.num_embeddings, self.embedding_dim = table.shape
+        self.out_dtype = out_dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(input_ids, self.table).to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, mapped {self.table.dtype}"
