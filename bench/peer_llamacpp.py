@@ -50,12 +50,14 @@ def require_llama_cpp():
     return llama_cpp
 
 
-def gguf_dir(cache_dir: Path, model_dir: Path) -> Path:
-    return Path(cache_dir) / f"{Path(model_dir).name}-gguf"
+def gguf_dir(cache_dir: Path, model_dir: Path, outtype: str = "bf16") -> Path:
+    """The GGUFs' folder; made from an f32 intermediate (bench.quality), a folder of its own."""
+    suffix = "" if outtype == "bf16" else f"-{outtype}"
+    return Path(cache_dir) / f"{Path(model_dir).name}-gguf{suffix}"
 
 
-def gguf_paths(cache_dir: Path, model_dir: Path) -> dict[str, Path]:
-    folder = gguf_dir(cache_dir, model_dir)
+def gguf_paths(cache_dir: Path, model_dir: Path, outtype: str = "bf16") -> dict[str, Path]:
+    folder = gguf_dir(cache_dir, model_dir, outtype)
     return {side: folder / f"{side.removeprefix('llamacpp_')}.gguf" for side in QUANTS}
 
 
@@ -106,11 +108,14 @@ def converter_dir(cache_dir: Path, log=print) -> Path:
     return root
 
 
-def ensure_ggufs(model_dir: Path, cache_dir: Path, threads: int, log=print) -> dict[str, Path]:
-    """The cached Q8_0 and Q4_K_M GGUFs of model_dir, made first if needed."""
+def ensure_ggufs(
+    model_dir: Path, cache_dir: Path, threads: int, log=print, outtype: str = "bf16"
+) -> dict[str, Path]:
+    """The cached Q8_0 and Q4_K_M GGUFs of model_dir, made first if needed, quantized from
+    an `outtype` (bf16, like the real checkpoint, or f32) conversion."""
     llama_cpp = require_llama_cpp()
-    paths = gguf_paths(cache_dir, model_dir)
-    folder = gguf_dir(cache_dir, model_dir)
+    paths = gguf_paths(cache_dir, model_dir, outtype)
+    folder = gguf_dir(cache_dir, model_dir, outtype)
     mark = folder / _DONE_MARK
     source = f"{Path(model_dir).resolve()} llama-cpp-python {VERSION}\n"
     if mark.is_file() and mark.read_text() == source and all(p.is_file() for p in paths.values()):
@@ -118,8 +123,8 @@ def ensure_ggufs(model_dir: Path, cache_dir: Path, threads: int, log=print) -> d
     src = converter_dir(cache_dir, log)
     folder.mkdir(parents=True, exist_ok=True)
     mark.unlink(missing_ok=True)
-    bf16 = folder / "bf16.gguf.tmp"
-    log(f"converting {model_dir} to GGUF (bf16) with {src / 'convert_hf_to_gguf.py'} ...")
+    whole = folder / f"{outtype}.gguf.tmp"
+    log(f"converting {model_dir} to GGUF ({outtype}) with {src / 'convert_hf_to_gguf.py'} ...")
     started = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
     done = subprocess.run(
@@ -128,9 +133,9 @@ def ensure_ggufs(model_dir: Path, cache_dir: Path, threads: int, log=print) -> d
             str(src / "convert_hf_to_gguf.py"),
             str(model_dir),
             "--outtype",
-            "bf16",
+            outtype,
             "--outfile",
-            str(bf16),
+            str(whole),
         ],
         env=env,
         capture_output=True,
@@ -146,13 +151,13 @@ def ensure_ggufs(model_dir: Path, cache_dir: Path, threads: int, log=print) -> d
             params.ftype = ftype
             params.nthread = threads
             tmp = paths[side].with_suffix(".gguf.tmp")
-            if llama_cpp.llama_model_quantize(str(bf16).encode(), str(tmp).encode(), params):
+            if llama_cpp.llama_model_quantize(str(whole).encode(), str(tmp).encode(), params):
                 raise PeerMissing(f"llama_model_quantize to {side} failed")
             tmp.rename(paths[side])
             size = paths[side].stat().st_size / 2**20
             log(f"  {side}: {size:.0f} MB in {time.perf_counter() - started:.1f} s")
     finally:
-        bf16.unlink(missing_ok=True)
+        whole.unlink(missing_ok=True)
     mark.write_text(source)
     return paths
 

@@ -177,3 +177,25 @@ def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypat
         assert r["us"] > 0
         # every integer kernel gives the served bits
         assert r["same"] is (None if r["kernel"] in int8_kernels.NOT_COMPARED else True), r
+
+
+def test_quality_distance_is_mean_kl_and_top1_over_all_but_each_chunks_last_position():
+    from bench.quality import distance
+
+    want = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]]).log()
+    same = distance([want], [want.clone()])
+    assert same == {"mean_kl": 0.0, "top1": 1.0, "positions": 2}
+    got = torch.tensor([[0.2, 0.7, 0.1], [0.1, 0.8, 0.1], [0.9, 0.05, 0.05]]).log()
+    far = distance([want], [got])
+    kl_first = float((want[0].exp() * (want[0] - got[0])).sum())
+    assert far["positions"] == 2 and far["top1"] == 0.5
+    assert math.isclose(far["mean_kl"], kl_first / 2, rel_tol=1e-5)
+
+
+def test_quality_text_set_is_over_3000_tokens_in_chunks_of_at_most_chunk(embedded_dir):
+    from transformers import AutoTokenizer
+
+    from bench.quality import CHUNK, text_chunks
+
+    chunks = text_chunks(AutoTokenizer.from_pretrained(embedded_dir))
+    assert all(2 <= len(c) <= CHUNK for c in chunks) and sum(map(len, chunks)) > 3000
