@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_http(args.http, args.clients, args.rounds, args.max_tokens)
         print(json.dumps(report, indent=2))
     elif args.batch_curve:
-        from bench.batching import format_table, run_curve
+        from bench import batching
 
         model_dir = resolve_model(args.model, config.cache_dir, args.fixture)
         batches = [int(b) for b in args.batches.split(",")]
@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
             f"{args.max_tokens} tokens per client; load {os.getloadavg()[0]:.2f}"
         )
-        report = run_curve(
+        report = batching.run_curve(
             model_dir, config.cache_dir, batches, clients, args.rounds, args.max_tokens
         )
-        print(format_table(report))
+        print(batching.format_table(report))
     else:
         from bench.qwen_shape import FixtureMissing
 

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from inference.kvcache import SequenceCache
-from inference.rowint8 import FusedPart, RowInt8Linear
+from inference.rowint8 import FusedPart, FusedParts, RowInt8Linear
+from inference.smooth import PLAIN_NORMS
 
 # RoPE variants whose table depends on the sequence length: not supported by a fixed table.
 _LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
@@ -55,11 +56,24 @@ class Decoder:
         self.group = self.heads // self.kv_heads
         self.scaling = attn.scaling
         self.dtype = body.norm.weight.dtype
+        # One fused op per norm and per rotation where the model allows: a one-row decode
+        # step pays per op dispatched (python -m bench.step_profile), not per value.
+        norms = [body.norm] + [n for lay in self.layers for n in _layer_norms(lay)]
+        self.fused_norms = self.dtype == torch.float32 and all(
+            type(n).__name__ in PLAIN_NORMS for n in norms
+        )
+        self.fused_projections = all(
+            isinstance(getattr(lay.self_attn, "qkv_proj", None), FusedParts)
+            and isinstance(getattr(lay.mlp, "gate_up_proj", None), FusedParts)
+            for lay in self.layers
+        )
         with torch.inference_mode():
             positions = torch.arange(context_tokens)[None]
             probe = torch.empty(0, dtype=self.dtype)
             cos, sin = body.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0], sin[0]  # [context, head_dim]
+        half = self.head_dim // 2
+        self.cos = cos[0]  # [context, head_dim]
+        self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see _rotate
 
     def rows_independent(self) -> bool:
         """True when every projection this forward calls is per-row int8: a row's result is
@@ -100,46 +114,76 @@ class Decoder:
         for seg in segments:
             seg.cache.commit(len(seg.ids))
         last = hidden if every_row else hidden[[end - 1 for _, end in spans]]
-        return self.lm_head(self.norm(last)).float()
+        return self.lm_head(self._norm(self.norm, last)).float()
 
-    def _layer(self, index, layer, hidden, cos, sin, segments, spans) -> torch.Tensor:
-        attn, mlp = layer.self_attn, layer.mlp
-        x = layer.input_layernorm(hidden)
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_norms:
+            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+        return module(x)
+
+    def _qkv(self, attn, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
+        """Rotated queries and keys, and values, [rows, heads, dim] each. Fused: one product
+        and one rotation of the query and key heads together (adjacent in the product)."""
         rows = x.shape[0]
+        if self.fused_projections:
+            qkv = attn.qkv_proj.linear(x)
+            qk_width = (self.heads + self.kv_heads) * self.head_dim
+            qk = qkv[:, :qk_width].view(rows, self.heads + self.kv_heads, self.head_dim)
+            qk = _rotate(qk, cos, sin)
+            v = qkv[:, qk_width:].view(rows, self.kv_heads, self.head_dim)
+            return qk[:, : self.heads], qk[:, self.heads :], v
         q = _rotate(attn.q_proj(x).view(rows, self.heads, self.head_dim), cos, sin)
         k = _rotate(attn.k_proj(x).view(rows, self.kv_heads, self.head_dim), cos, sin)
-        v = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-        out = torch.empty(rows, self.heads * self.head_dim, dtype=q.dtype)
+        return q, k, attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+
+    def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_projections:
+            gate, up = mlp.gate_up_proj.linear(x).split(mlp.gate_up_proj.sizes, dim=-1)
+            return mlp.down_proj(mlp.act_fn(gate) * up)
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+    def _layer(self, index, layer, hidden, cos, sin, segments, spans) -> torch.Tensor:
+        attn = layer.self_attn
+        x = self._norm(layer.input_layernorm, hidden)
+        q, k, v = self._qkv(attn, x, cos, sin)
+        parts = []
         for seg, (start, end) in zip(segments, spans, strict=True):
             keys, values = seg.cache.write(
                 index, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             )
-            out[start:end] = self._attend(q[start:end], keys, values, seg.cache.length)
+            parts.append(self._attend(q[start:end], keys, values, seg.cache.length))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
         hidden = hidden + attn.o_proj(out)
-        x = layer.post_attention_layernorm(hidden)
-        return hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return hidden + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden))
 
     def _attend(self, q, keys, values, past: int) -> torch.Tensor:
         """q [T, heads, dim] over keys/values [kv_heads, past + T, dim], causal. The query
         heads sharing a key head are laid out as that head's rows, so grouped-query
         attention needs no copy of the keys."""
         rows = q.shape[0]
+        if rows == 1:  # a decode step: the heads already lie in that order, no permute
+            q = q.reshape(self.kv_heads, self.group, self.head_dim)
+            o = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling)
+            return o.reshape(1, self.heads * self.head_dim)
         q = q.view(rows, self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.kv_heads, self.group * rows, self.head_dim)
-        mask = None
-        if rows > 1:  # row t sees keys up to past + t
-            seen = torch.arange(past + rows)[None] <= torch.arange(past, past + rows)[:, None]
-            mask = seen.repeat(self.group, 1)
+        # row t sees keys up to past + t
+        seen = torch.arange(past + rows)[None] <= torch.arange(past, past + rows)[:, None]
+        mask = seen.repeat(self.group, 1)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
         o = o.view(self.kv_heads, self.group, rows, self.head_dim).permute(2, 0, 1, 3)
         return o.reshape(rows, self.heads * self.head_dim)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding, as transformers' apply_rotary_pos_emb (rotate_half)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _layer_norms(layer) -> list:
+    return [layer.input_layernorm, layer.post_attention_layernorm]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, as transformers' apply_rotary_pos_emb: its rotate_half(x)
+    is [-x2, x1]; here the halves are swapped by one roll and the sign sits in `signed_sin`
+    ([-sin1, sin2], made once), the same products in 4 ops instead of 7."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def _check_supported(model) -> None:

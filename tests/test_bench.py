@@ -199,3 +199,17 @@ def test_quality_text_set_is_over_3000_tokens_in_chunks_of_at_most_chunk(embedde
 
     chunks = text_chunks(AutoTokenizer.from_pretrained(embedded_dir))
     assert all(2 <= len(c) <= CHUNK for c in chunks) and sum(map(len, chunks)) > 3000
+
+
+def test_the_default_bench_runs_both_sides_and_prints_the_table(embedded_dir, tmp_path, capsys):
+    """`python -m bench` end to end on the small model (its table once died with an
+    UnboundLocalError that only this path reached)."""
+    from bench import cli
+
+    out = tmp_path / "report.json"
+    argv = ["--model", str(embedded_dir), "--rounds", "1", "--max-tokens", "2", "--json", str(out)]
+    assert cli.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert {"engine", "baseline", "meta"} <= set(report)
+    assert report["engine"]["peak_rss_mb"] > 0 and report["baseline"]["decode_tok_s_p50"] > 0
+    assert "ratio" in capsys.readouterr().out
