@@ -139,7 +139,9 @@ class Decoder:
     def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
         if self.fused_projections:
             gate, up = mlp.gate_up_proj.linear(x).split(mlp.gate_up_proj.sizes, dim=-1)
-            return mlp.down_proj(mlp.act_fn(gate) * up)
+            h = mlp.act_fn(gate).mul_(up)
+            del gate, up  # the fused product (the step's largest) is freed before down_proj
+            return mlp.down_proj(h)
         return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
     def _layer(self, index, layer, hidden, cos, sin, segments, spans) -> torch.Tensor:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from inference import heap
 from inference.decoder import Decoder, Segment
 from inference.jobs import Generation, Sampling
 from inference.kvcache import SequenceCache
@@ -140,6 +141,7 @@ class Engine:
             if self.prefix_cache and stream.completion_tokens > 0:
                 self._kept = (stream.prompt_ids, stream.cache)
         stream.cache = None
+        heap.trim()  # the job's freed activations leave RSS now, not never
         return Generation(finish, stream.completion_tokens, stream.ttft_s)
 
     def _start_cache(self, prompt_ids: list[int], bound: int) -> SequenceCache | None:

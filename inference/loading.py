@@ -164,7 +164,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
 
     from inference import cpu
     from inference.engine import Engine
-    from inference.prompt import PromptBuilder, read_only
+    from inference.prompt import PromptBuilder, read_only, shed_build_copies
     from inference.quantize import compute_dtype, load_quantized
     from inference.smooth import CALIBRATION_TEXT
 
@@ -183,6 +183,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
             "(chat) models; use an -Instruct model folder"
         )
     read_only(tokenizer)
+    shed_build_copies(tokenizer)
     if quantize == "none":
         dtype = compute_dtype(quantize, config.dtype)
         model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)

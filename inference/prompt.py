@@ -25,6 +25,15 @@ def read_only(tokenizer) -> None:
         backend.no_padding()
 
 
+def shed_build_copies(tokenizer) -> None:
+    """Drop the Python copies of the vocabulary and merges that transformers' Qwen2 and Llama
+    tokenizers keep after building the Rust tokenizer from them and never read again: 62 MB
+    of RSS on Qwen (issue 10)."""
+    for name in ("_vocab", "_merges"):
+        if isinstance(getattr(tokenizer, name, None), (dict, list)):
+            delattr(tokenizer, name)
+
+
 class PromptBuilder:
     def __init__(self, tokenizer, context_tokens: int):
         self._tokenizer = tokenizer

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from inference import heap
 from inference.config import DTYPE_CHOICES, QUANTIZE_CHOICES
 from inference.mapped_embedding import MappedEmbedding, map_tensor
 
@@ -184,32 +185,6 @@ def quantize_linears(module: nn.Module, quantize: str) -> None:
             quantize_linears(child, quantize)
 
 
-def _libc():
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
-
-
-def _mmap_threshold(size: int) -> None:
-    """glibc: serve allocations of `size` bytes and more from mmap, with no dynamic raising.
-
-    While loading, 1 MB: freed weights then leave RSS at once (the dynamic threshold rises
-    after the first big free, and freed weights stay in the heap). After loading, 32 MB (the
-    dynamic maximum), so the per-token activations come from the heap without page faults.
-    """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-3, size)  # M_MMAP_THRESHOLD
-
-
-def _trim_malloc() -> None:
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
 class CheckpointReader:
     """Reads named tensors from a folder's safetensors file(s) into memory of their own."""
 
@@ -274,7 +249,7 @@ def _trimmed(blocks):
     """The blocks, with the heap trimmed after each is used (freed memory leaves RSS)."""
     for item in blocks:
         yield item
-        _trim_malloc()
+        heap.trim()
 
 
 # Architectures whose decoder is plain embed -> layers -> norm, which the layer-by-layer
@@ -317,7 +292,7 @@ def load_quantized(
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
         return _load_then_quantize(folder, quantize, target)
-    _mmap_threshold(1 << 20)
+    heap.mmap_threshold(1 << 20)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=target)
     decoder = getattr(model, "model", None)
@@ -359,7 +334,7 @@ def load_quantized(
                 log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
             quantize_linears(layer, quantize)
         groups = None  # it holds the layer's float Linears: they must go before the next
-        _trim_malloc()
+        heap.trim()
     decoder.norm.load_state_dict(reader.read_prefix("model.norm.", target), assign=True)
     # lm_head gets its own quantized copy (from the checkpoint's table, block by block): with
     # tied embeddings the embedding keeps its own.
@@ -387,15 +362,15 @@ def load_quantized(
         for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             parts.append(quantized_linear(block, None, quantize, head_scale))
             del block
-            _trim_malloc()
+            heap.trim()
         model.lm_head = parts[0] if len(parts) == 1 else SplitLinear(parts)
     model.config.tie_word_embeddings = False
     leftovers = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftovers:
         raise RuntimeError(f"weights not found in the checkpoint: {', '.join(leftovers[:5])}")
     model.eval()
-    _trim_malloc()
-    _mmap_threshold(32 << 20)
+    heap.trim()
+    heap.mmap_threshold(32 << 20)
     log.info(
         "built %s with int Linear layers (%s%s, lm_head included%s); compute in %s",
         folder.name,

@@ -153,7 +153,7 @@ def test_json_object_alone_gives_an_object(server):
 
 
 def test_chat_format_json_and_schema(server):
-    ask = "Answer in JSON: an object with one key, answer, holding yes or no. Is the sky blue?"
+    ask = "Return a JSON object with the fields city and country for Paris."
     plain = chat(server.url, {"message": ask, "format": "json", "max_tokens": 200}).json()
     assert plain["finish_reason"] == "stop", plain
     assert isinstance(json.loads(plain["response"]), dict)

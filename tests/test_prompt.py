@@ -91,3 +91,16 @@ def test_handlers_and_the_worker_can_share_one_tokenizer(embedded_dir):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert failures == []
+
+
+def test_a_tokenizer_without_its_build_copies_encodes_and_decodes_the_same(embedded_dir):
+    from inference.prompt import shed_build_copies
+
+    fresh, shed = (AutoTokenizer.from_pretrained(embedded_dir) for _ in range(2))
+    shed_build_copies(shed)
+    assert not hasattr(shed, "_vocab") and not hasattr(shed, "_merges")
+    messages = [{"role": "user", "content": "Résumé of 你好, in Python: print('hi')"}]
+    ids = PromptBuilder(fresh, 4096).encode(messages)
+    assert PromptBuilder(shed, 4096).encode(messages) == ids
+    assert shed.decode(ids, skip_special_tokens=True) == fresh.decode(ids, skip_special_tokens=True)
+    assert shed.get_vocab() == fresh.get_vocab()
