@@ -21,7 +21,12 @@ from torch import nn
 
 from inference import heap
 from inference.config import DTYPE_CHOICES, QUANTIZE_CHOICES
-from inference.mapped_embedding import MappedEmbedding, map_tensor
+from inference.mapped_embedding import (
+    MappedEmbedding,
+    dequantize_groups,
+    int8_groups,
+    map_tensor,
+)
 
 log = logging.getLogger("deskchat.quantize")
 
@@ -71,9 +76,6 @@ def compute_dtype(quantize: str, dtype: str) -> torch.dtype:
     return torch.float32
 
 
-EMBED_GROUP = 64
-
-
 class Int8Embedding(nn.Module):
     """Token embedding stored as int8 with one scale per 64 values of a row (a quarter of
     fp32, half of bf16), handing out `out_dtype` vectors. Built from row blocks, so the float
@@ -90,24 +92,18 @@ class Int8Embedding(nn.Module):
     def from_blocks(cls, rows: int, blocks, out_dtype: torch.dtype) -> Int8Embedding:
         q = scale = None
         for start, block in blocks:
-            n, dim = block.shape
-            group = EMBED_GROUP if dim % EMBED_GROUP == 0 else dim
+            block_q, block_scale = int8_groups(block)
             if q is None:
-                q = torch.empty(rows, dim, dtype=torch.int8)
-                scale = torch.empty(rows, dim // group, dtype=torch.float32)
-            grouped = block.to(torch.float32, copy=True).reshape(n, dim // group, group)
-            s = (grouped.abs().amax(dim=-1) / 127).clamp(min=1e-12)
-            grouped.div_(s[..., None]).round_()
-            q[start : start + n] = grouped.reshape(n, dim).to(torch.int8)
-            scale[start : start + n] = s
+                q = torch.empty(rows, block.shape[1], dtype=torch.int8)
+                scale = torch.empty(rows, block_scale.shape[1], dtype=torch.float32)
+            q[start : start + block.shape[0]] = block_q
+            scale[start : start + block.shape[0]] = block_scale
         return cls(q, scale, out_dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = nn.functional.embedding(input_ids, self.q).to(self.out_dtype)
-        scale = nn.functional.embedding(input_ids, self.scale).to(self.out_dtype)
-        shape = rows.shape
-        grouped = rows.reshape(*shape[:-1], scale.shape[-1], -1) * scale.unsqueeze(-1)
-        return grouped.reshape(shape)
+        q = nn.functional.embedding(input_ids, self.q)
+        scale = nn.functional.embedding(input_ids, self.scale)
+        return dequantize_groups(q, scale, self.out_dtype)
 
 
 ROWS_PER_CHUNK = 4096  # float temporaries stay a few MB even for a 150k-row lm_head
