@@ -35,12 +35,13 @@ bench: install
 # Optional: llama.cpp (Q8_0, Q4_K_M GGUFs of the same weights) in the same run. Builds
 # llama-cpp-python from source the first time (several minutes on 2 cores), for this CPU but
 # without AMX: no office PC has it, and ggml's AMX kernel died with SIGILL (tilezero in an
-# OpenMP thread) on the build VM, which reports AMX.
+# OpenMP thread) on the build VM, which reports AMX. An earlier build stays as installed:
+# .venv/bin/pip uninstall llama-cpp-python first to rebuild with these flags.
 NO_AMX := -mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS=$(NO_AMX) -DCMAKE_CXX_FLAGS=$(NO_AMX)
 bench-peer: install
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-	  $(PY) -m pip install --quiet -r requirements-peer.txt
+	  $(PY) -m pip install --quiet --no-cache-dir -r requirements-peer.txt
 	$(PY) -m bench --model qwen-shape --peer llamacpp
 
 # The latency table (README 'Steady latency'): every setting x every condition, ~45 min.

@@ -47,19 +47,19 @@ def fp32_logprobs(model, chunks: list[list[int]]) -> list[torch.Tensor]:
     ]
 
 
-@torch.inference_mode()
-def decoder_logprobs(decoder, chunks: list[list[int]]) -> list[torch.Tensor]:
-    """The served forward (inference/decoder.py), every position of each chunk."""
+def decoder_logprobs(decoder, chunks: list[list[int]]):
+    """The served forward (inference/decoder.py), every position of each chunk, one chunk
+    at a time (a generator: only fp32's side is held whole)."""
     from inference.decoder import Segment
 
-    out = []
     for ids in chunks:
-        logits = decoder.forward([Segment(decoder.new_cache(len(ids)), ids)], every_row=True)
-        out.append(logits.log_softmax(-1))
-    return out
+        with torch.inference_mode():
+            cache = decoder.new_cache(len(ids))
+            logits = decoder.forward([Segment(cache, ids)], every_row=True)
+            yield logits.log_softmax(-1)
 
 
-def distance(want: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
+def distance(want: list[torch.Tensor], got) -> dict:
     """Mean KL(want || got) and top-1 agreement over every position but each chunk's last
     (whose prediction has no token to compare against in the text), plus the count."""
     kl, agree, count = 0.0, 0, 0
@@ -71,8 +71,9 @@ def distance(want: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
     return {"mean_kl": kl / count, "top1": agree / count, "positions": count}
 
 
-def llamacpp_logprobs(gguf: Path, chunks: list[list[int]], threads: int) -> list[torch.Tensor]:
-    """llama.cpp's logits for every position (logits_all), through llama-cpp-python."""
+def llamacpp_logprobs(gguf: Path, chunks: list[list[int]], threads: int):
+    """llama.cpp's logits for every position (logits_all), through llama-cpp-python, one
+    chunk at a time."""
     from bench.peer_llamacpp import require_llama_cpp
 
     llama_cpp = require_llama_cpp()
@@ -85,14 +86,14 @@ def llamacpp_logprobs(gguf: Path, chunks: list[list[int]], threads: int) -> list
         logits_all=True,
         verbose=False,
     )
-    out = []
-    for ids in chunks:
-        llm.reset()
-        llm.eval(ids)
-        logits = torch.from_numpy(llm.scores[: len(ids)].copy())
-        out.append(logits.float().log_softmax(-1))
-    llm.close()
-    return out
+    try:
+        for ids in chunks:
+            llm.reset()
+            llm.eval(ids)
+            logits = torch.from_numpy(llm.scores[: len(ids)].copy())
+            yield logits.float().log_softmax(-1)
+    finally:
+        llm.close()
 
 
 def engine_decoder(folder: Path, quantize: str, threads: int):

@@ -198,6 +198,9 @@ def _check_supported(model) -> None:
     parts = ["input_layernorm", "post_attention_layernorm", "self_attn", "mlp"]
     if not all(hasattr(layer, p) for p in parts):
         raise UnsupportedModel(f"{type(layer).__name__} is not a Llama/Qwen2-style layer")
+    if hasattr(layer.self_attn, "q_norm") or hasattr(layer.self_attn, "k_norm"):
+        # Qwen3 normalises query and key heads before the rotation: not done here
+        raise UnsupportedModel("per-head query/key norms (Qwen3) are not supported")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not supported")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)

@@ -80,7 +80,8 @@ class Stream:
 
 
 class Engine:
-    """Holds the model and the decode-side tokenizer."""
+    """Holds the model and the tokenizer it decodes answers with (the request handlers'
+    prompt builder shares it, inference/prompt.py)."""
 
     def __init__(
         self,

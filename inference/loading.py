@@ -142,8 +142,9 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 def load_model(choice: ModelChoice, config: Config, status: Status):
-    """Load tokenizers and model from the chosen folder; returns (Engine, PromptBuilder).
-    Whatever keeps the folder from loading is a ModelLoadError of one line."""
+    """Load the tokenizer (one, shared by handlers and worker) and the model from the chosen
+    folder; returns (Engine, PromptBuilder). Whatever keeps the folder from loading is a
+    ModelLoadError of one line."""
     try:
         return _load_model(choice, config, status)
     except (ModelLoadError, CpuUnsupported):

@@ -2,7 +2,8 @@
 
 A decode step looks up one row of the table per sequence, so only the rows of tokens
 actually seen are ever read: the kernel pages them in on first touch (one 4 KB page holds a
-Qwen row) and, as clean file pages, may drop them again under memory pressure. Held as an
+Qwen row) and, as clean file pages, may drop them again under memory pressure (not under
+`--mlock`, which locks each page as it is touched). Held as an
 int8 copy instead (`quantize.Int8Embedding`), Qwen2.5-0.5B's 151936 x 896 table cost 136 MB
 of RSS whether used or not (issue 10: the engine must stay under 1000 MB).
 
@@ -12,9 +13,10 @@ and the exact rows flipped SmolLM2's "capital of France" near-tie (fp32: "The" -
 "L" -1.965) into an answer that loops ("la femme, la femme, ..."). Same quality on the
 text set (bench.quality: KL 0.0233 exact, 0.0231 rounded).
 
-The file must stay as it is while the server runs: the downloader replaces a model by
-renaming a complete new folder over it, which leaves this mapping on the old file, but
-truncating the file in place would make a lookup fail with SIGBUS.
+The file must stay as it is while the server runs: a file replaced by rename (the embedded
+model's conversion) leaves this mapping on the old one, but a file truncated or rewritten in
+place (a download into the same cache folder while the server runs, a copy over it) can
+make a lookup fail with SIGBUS. Restart the server after changing its model's files.
 """
 
 from __future__ import annotations

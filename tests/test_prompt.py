@@ -60,7 +60,8 @@ def test_handlers_and_the_worker_can_share_one_tokenizer(embedded_dir):
     assert tokenizer.backend_tokenizer.truncation is None
     shared = PromptBuilder(tokenizer, 4096)
     questions = [f"Question {i}: what is {i} times {i + 3}? 你好, résumé" for i in range(12)]
-    want = {q: shared.encode([{"role": "user", "content": q}]) for q in questions}
+    reference = PromptBuilder(AutoTokenizer.from_pretrained(embedded_dir), 4096)
+    want = {q: reference.encode([{"role": "user", "content": q}]) for q in questions}
     assert all(len(ids) > 8 for ids in want.values())  # nothing truncated
     texts = {q: tokenizer.decode(ids, skip_special_tokens=True) for q, ids in want.items()}
     failures = []
@@ -104,3 +105,18 @@ def test_a_tokenizer_without_its_build_copies_encodes_and_decodes_the_same(embed
     assert PromptBuilder(shed, 4096).encode(messages) == ids
     assert shed.decode(ids, skip_special_tokens=True) == fresh.decode(ids, skip_special_tokens=True)
     assert shed.get_vocab() == fresh.get_vocab()
+
+
+def test_the_loader_hands_handlers_and_worker_one_settled_tokenizer(embedded_dir):
+    import dataclasses
+
+    from inference.config import load_config
+    from inference.loading import ModelChoice, load_model
+
+    config = dataclasses.replace(load_config([], {}), quantize="int8-row")
+    engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
+    tokenizer = engine.tokenizer
+    assert prompts.with_tokenizer(lambda t: t) is tokenizer
+    assert tokenizer.backend_tokenizer.truncation is None
+    assert tokenizer.backend_tokenizer.padding is None
+    assert not hasattr(tokenizer, "_vocab") and not hasattr(tokenizer, "_merges")
