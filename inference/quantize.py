@@ -241,13 +241,6 @@ class CheckpointReader:
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
-def _trimmed(blocks):
-    """The blocks, with the heap trimmed after each is used (freed memory leaves RSS)."""
-    for item in blocks:
-        yield item
-        heap.trim()
-
-
 # Architectures whose decoder is plain embed -> layers -> norm, which the layer-by-layer
 # build reproduces exactly (Gemma, for one, scales its embedding and is not among them).
 LAYERWISE_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -349,7 +342,7 @@ def load_quantized(
         head_scale = smooth.scales_from_wmax(absmax, wmax, smooth.ALPHA)
         smooth.divide_source(decoder.norm, "norm", head_scale)
     if per_row:
-        blocks = _trimmed(reader.row_blocks(head_name, rowint8.ROWS_PER_CHUNK, torch.bfloat16))
+        blocks = reader.row_blocks(head_name, rowint8.ROWS_PER_CHUNK, torch.bfloat16)
         model.lm_head = rowint8.RowInt8Linear.from_blocks(
             config.hidden_size, blocks, column_scale=head_scale
         )
