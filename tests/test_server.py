@@ -11,10 +11,12 @@ from tests.httpclient import Stream, chat, request, stream_all, wait_until
 
 
 def test_answers_a_factual_question(embedded_server):
-    reply = chat(embedded_server.url, {"message": "What is the capital of France?"})
+    # Not the capital of France: SmolLM2's fp32 answer to it starts on a near-tie ("The"
+    # -1.883 vs "L" -1.965), which int8 took either way between runs (README "Speed").
+    reply = chat(embedded_server.url, {"message": "What is the capital of Japan?"})
     assert reply.status == 200
     body = reply.json()
-    assert "Paris" in body["response"]
+    assert "Tokyo" in body["response"]
     assert body["model"] == "SmolLM2-135M-Instruct"
     assert body["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens"] > 0 and body["timings"]["ttft_ms"] > 0
