@@ -104,12 +104,19 @@ def pack(q: torch.Tensor, scale: torch.Tensor):
         return torch.ops.quantized.linear_prepack(weight, None)
 
 
+@functools.cache
+def _product_op():
+    """The op's C++ entry itself: torch.ops' Python wrappers look through every argument
+    for traced stand-ins of the packed weight before each call (torchbind ops), a cost paid
+    97 times a one-row decode step for nothing here. The public op where that entry moved."""
+    op = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+    return getattr(op, "_op", op)
+
+
 def integer_product(scaled: torch.Tensor, packed, limit: int) -> torch.Tensor:
     """float [M, N]: the exact int32 product of integer-valued rows and the weight, times the
     weight's scales. The rows go in as uint8 shifted by limit + 1 (1..2*limit+1)."""
-    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        scaled, 1.0, limit + 1, packed
-    )
+    return _product_op()(scaled, 1.0, limit + 1, packed)
 
 
 class RowInt8Linear(nn.Module):
