@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inference import rope
 from inference.kvcache import SequenceCache
 from inference.rowint8 import FusedPart, FusedParts, RowInt8Linear
 from inference.smooth import PLAIN_NORMS
@@ -105,13 +106,10 @@ class Decoder:
         self._fused = None
         if self.fused_norms and self.fused_projections:
             self._fused = [_Fused.of(lay) for lay in self.layers]
-        with torch.inference_mode():
-            positions = torch.arange(context_tokens)[None]
-            probe = torch.empty(0, dtype=self.dtype)
-            cos, sin = body.rotary_emb(probe, positions)
+        cos, sin = rope.tables(body.rotary_emb, context_tokens, self.dtype)
         half = self.head_dim // 2
-        self.cos = cos[0]  # [context, head_dim]
-        self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see _rotate
+        self.cos = cos  # [context, head_dim]
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rotate
 
     def rows_independent(self) -> bool:
         """True when every projection this forward calls is per-row int8: a row's result is
@@ -254,7 +252,8 @@ def _check_supported(model) -> None:
     config = model.config
     body = getattr(model, "model", None)
     layers = getattr(body, "layers", None)
-    if not layers or not hasattr(body, "rotary_emb") or not hasattr(model, "lm_head"):
+    rotary = getattr(body, "rotary_emb", None)
+    if not layers or not hasattr(rotary, "inv_freq") or not hasattr(model, "lm_head"):
         raise UnsupportedModel(f"{type(model).__name__} is not a Llama/Qwen2-style decoder")
     layer = layers[0]
     parts = ["input_layernorm", "post_attention_layernorm", "self_attn", "mlp"]

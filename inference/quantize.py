@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference import heap
+from inference import heap, rope
 from inference.config import DTYPE_CHOICES, QUANTIZE_CHOICES
 from inference.mapped_embedding import (
     MappedEmbedding,
@@ -291,6 +291,7 @@ def load_quantized(
         embed_name in reader
         and type(getattr(decoder, "embed_tokens", None)) is nn.Embedding
         and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb"))
+        and hasattr(decoder.rotary_emb, "inv_freq")
     ):
         return _load_then_quantize(folder, quantize, target)
     embed = reader.mapped_embedding(embed_name, target)
@@ -303,7 +304,8 @@ def load_quantized(
     hidden = position = None
     if calibrate:
         hidden = embed(calibration_ids)
-        position = decoder.rotary_emb(hidden, torch.arange(hidden.shape[1])[None])
+        cos, sin = rope.tables(decoder.rotary_emb, hidden.shape[1], hidden.dtype)
+        position = cos[None], sin[None]
     for i, layer in enumerate(decoder.layers):
         layer.load_state_dict(reader.read_prefix(f"model.layers.{i}.", target), assign=True)
         groups = smooth.layer_groups(layer) if calibrate else None
