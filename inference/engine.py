@@ -18,15 +18,11 @@ from collections.abc import Callable
 
 import torch
 
-from inference import heap
+from inference import heap, sampler
 from inference.decoder import Decoder, Segment
 from inference.jobs import Generation, Sampling
 from inference.kvcache import SequenceCache
 from inference.text import TextAssembler
-
-# Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
-# temperature means "greedy" anyway.
-MIN_TEMPERATURE = 1e-3
 
 # Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
 # prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
@@ -198,7 +194,8 @@ class Engine:
         """Pick the stream's next token from its logits and decide whether it is done."""
         if stream.constraint is not None:
             stream.constraint.mask_(scores)
-        token = _pick(scores, stream.sampling, stream.generator)
+        sampling = stream.sampling
+        token = sampler.pick(scores, sampling.temperature, sampling.top_p, stream.generator)
         if stream.constraint is not None:
             stream.constraint.take(token)
         if stream.completion_tokens == 0:
@@ -244,20 +241,3 @@ def _generator(seed: int | None) -> torch.Generator | None:
     if seed is None:
         return None
     return torch.Generator().manual_seed(seed % 2**64)
-
-
-def _pick(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
-) -> int:
-    """Greedy when temperature is 0, else temperature + nucleus (top_p) sampling. The most
-    likely token always stays a candidate, however small top_p is."""
-    if sampling.temperature < MIN_TEMPERATURE:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
-        keep[0] = True
-        sorted_probs = sorted_probs * keep
-        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
-    return int(torch.multinomial(probs, 1, generator=generator))

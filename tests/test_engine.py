@@ -7,9 +7,10 @@ import torch
 
 from inference.config import load_config
 from inference.embedded import EMBEDDED_NAME
-from inference.engine import PREFILL_CHUNK, _pick
+from inference.engine import PREFILL_CHUNK
 from inference.jobs import Sampling
 from inference.loading import ModelChoice, load_model
+from inference.sampler import pick
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -61,12 +62,12 @@ def test_should_stop_is_obeyed_within_a_token(loaded):
 
 def test_tiny_temperature_is_greedy_not_nan():
     logits = torch.tensor([0.0, 5.0, 1.0])
-    assert _pick(logits, Sampling(max_tokens=1, temperature=1e-300)) == 1
+    assert pick(logits, 1e-300, 1.0) == 1
 
 
 def test_sampling_respects_top_p():
     logits = torch.tensor([10.0, 9.9, -50.0, -50.0])
-    picks = {_pick(logits, Sampling(max_tokens=1, temperature=1.0, top_p=0.5)) for _ in range(50)}
+    picks = {pick(logits, 1.0, 0.5) for _ in range(50)}
     assert picks == {0}
 
 

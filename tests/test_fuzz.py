@@ -12,9 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference.engine import _pick
 from inference.errors import InvalidRequest
-from inference.jobs import Sampling
+from inference.sampler import pick
 from tests.fakes import FakeEngine
 from tests.httpclient import request
 from web.chat_api import parse_chat_request
@@ -87,9 +86,8 @@ def test_any_body_is_a_request_or_a_400(body):
 )
 def test_any_valid_sampling_gives_a_token(logits, temperature, top_p, seed):
     scores = torch.tensor(logits)
-    sampling = Sampling(max_tokens=1, temperature=temperature, top_p=top_p, seed=seed)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    token = _pick(scores, sampling, generator)
+    token = pick(scores, temperature, top_p, generator)
     assert 0 <= token < len(logits)
     if top_p < 1e-9 and temperature > 1e-3:  # only a most likely token is left (ties: any)
         probs = torch.softmax(scores / temperature, dim=-1)

@@ -1,0 +1,48 @@
+"""The next token from a row of logits: greedy, or temperature with nucleus (top_p) sampling.
+
+Why not torch's sort and multinomial over the whole vocabulary: on Qwen's 151936 tokens they
+cost more than the forward that made the logits (README, "Speed"). The nucleus is looked for
+among the TOP_CANDIDATES most likely tokens first and all are sorted only when it reaches past
+them; the draw is an exponential race (the index of the largest weight / Exp(1)), which picks
+each index with probability proportional to its weight, in one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
+# temperature means "greedy" anyway.
+MIN_TEMPERATURE = 1e-3
+TOP_CANDIDATES = 1024  # a chat model's nucleus is nearly always inside its top 1024
+
+
+def pick(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> int:
+    """Greedy when temperature is below MIN_TEMPERATURE, else temperature + nucleus sampling.
+    The most likely token always stays a candidate, however small top_p is."""
+    if temperature < MIN_TEMPERATURE:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return draw(probs, generator)
+    weights, tokens = nucleus(probs, top_p)
+    return int(tokens[draw(weights, generator)])
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, token ids), most likely first: the probabilities of the smallest set of
+    most likely tokens whose mass reaches top_p, and zeros after it."""
+    k = min(TOP_CANDIDATES, probs.numel())
+    top, tokens = torch.topk(probs, k)
+    if k < probs.numel() and float(top.sum()) < top_p:  # the nucleus is wider: sort them all
+        top, tokens = torch.sort(probs, descending=True)
+    keep = torch.cumsum(top, dim=-1) - top < top_p
+    keep[0] = True
+    return top * keep, tokens
+
+
+def draw(weights: torch.Tensor, generator=None) -> int:
+    """An index, with probability proportional to its weight (weights >= 0, not all 0)."""
+    race = torch.empty_like(weights).exponential_(generator=generator)
+    race.clamp_(min=torch.finfo(race.dtype).tiny)  # never a zero time: no division by it
+    return int(torch.argmax(weights / race))
