@@ -213,3 +213,33 @@ def test_the_default_bench_runs_both_sides_and_prints_the_table(embedded_dir, tm
     assert {"engine", "baseline", "meta"} <= set(report)
     assert report["engine"]["peak_rss_mb"] > 0 and report["baseline"]["decode_tok_s_p50"] > 0
     assert "ratio" in capsys.readouterr().out
+
+
+def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
+    embedded_dir, monkeypatch, keep_threads
+):
+    """bench.gemm_floor's GEMMs-alone figure: the same packed weights a one-row forward
+    multiplies by, as many calls, each on a row of that weight's input width."""
+    from bench.gemm_floor import step_products
+    from bench.step_jitter import engine_and_prompt
+    from inference import rowint8
+    from inference.decoder import Segment
+
+    engine, ids, _threads = engine_and_prompt(str(embedded_dir), 1)
+    decoder = engine.decoder
+    used = []
+    product = rowint8.integer_product
+    monkeypatch.setattr(
+        rowint8,
+        "integer_product",
+        lambda x, packed, limit: used.append(packed) or product(x, packed, limit),
+    )
+    cache = decoder.new_cache(len(ids) + 1)
+    decoder.forward([Segment(cache, ids)])
+    used.clear()
+    decoder.forward([Segment(cache, [ids[0]])])  # one decode step
+    products = step_products(decoder)
+    assert [id(p) for p, _row, _limit in products] == [id(p) for p in used]
+    for packed, row, limit in products:
+        assert row.shape[0] == 1 and row.abs().max() <= limit
+        assert product(row, packed, limit).shape[0] == 1
