@@ -21,7 +21,8 @@ import time
 
 
 def step_products(decoder) -> list:
-    """(packed weight, integer row of its input width) for each int8 GEMM of a decode step."""
+    """(packed weight, integer row of its input width, row limit) for each int8 GEMM of a
+    decode step, in the order a one-row forward calls them."""
     import torch
 
     linears = []
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             decoder.forward([Segment(cache, ids)])
             start = time.perf_counter()
             for i in range(args.steps):
-                decoder.forward([Segment(cache, [ids[i % len(ids)]])])
+                decoder.forward([Segment(cache, [ids[i % len(ids)]], decoding=True)])
             times["engine forward"].append((time.perf_counter() - start) / args.steps * 1000)
             start = time.perf_counter()
             for _ in range(args.steps):

@@ -34,10 +34,12 @@ class UnsupportedModel(ValueError):
 
 @dataclass
 class Segment:
-    """One sequence's rows in a step: its cache and the token ids to run after it."""
+    """One sequence's rows in a step: its cache and the token ids to run after it.
+    `decoding`: the one id is a decode step's (not a prompt's), see Decoder._attend."""
 
     cache: SequenceCache
     ids: list[int]
+    decoding: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,23 +214,31 @@ class Decoder:
             keys, values = seg.cache.write(
                 index, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             )
-            parts.append(self._attend(q[start:end], keys, values, seg.cache.length))
+            parts.append(self._attend(q[start:end], keys, values, seg.cache.length, seg.decoding))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _attend(self, q, keys, values, past: int) -> torch.Tensor:
+    def _attend(self, q, keys, values, past: int, decoding: bool = False) -> torch.Tensor:
         """q [T, heads, dim] over keys/values [kv_heads, past + T, dim], causal. The query
         heads sharing a key head are laid out as that head's rows, so grouped-query
-        attention needs no copy of the keys. Given as 4-D ([1, kv_heads, rows, dim]):
-        torch's fused CPU kernel then runs instead of its unfused math path, which 3-D
-        inputs take (27 vs 67 us a layer at one row, 91 vs 165 us at five)."""
+        attention needs no copy of the keys.
+
+        A decode step's row goes in 4-D: torch's fused CPU kernel then runs instead of the
+        unfused math path that 3-D inputs take (27 vs 67 us a layer). Prompt rows stay 3-D
+        on the math path, a last chunk of one row too: the fused kernel's blocking follows
+        the number of query rows, so its bits would depend on how a prompt was chunked,
+        which follows the load (engine.py); the math path's do not, and a decode row is
+        always alone in its segment."""
         rows = q.shape[0]
-        keys, values = keys[None], values[None]
-        if rows == 1:  # a decode step: the heads already lie in that order, no permute
+        if decoding:  # one row; the heads already lie in that order, no permute
             q = q.reshape(1, self.kv_heads, self.group, self.head_dim)
+            o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
+            return o.reshape(1, self.heads * self.head_dim)
+        if rows == 1:  # a prompt's last row alone: nothing to mask, no permute
+            q = q.reshape(self.kv_heads, self.group, self.head_dim)
             o = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling)
             return o.reshape(1, self.heads * self.head_dim)
         q = q.view(rows, self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
-        q = q.reshape(1, self.kv_heads, self.group * rows, self.head_dim)
+        q = q.reshape(self.kv_heads, self.group * rows, self.head_dim)
         # row t sees keys up to past + t
         seen = torch.arange(past + rows)[None] <= torch.arange(past, past + rows)[:, None]
         mask = seen.repeat(self.group, 1)

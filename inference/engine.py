@@ -171,7 +171,7 @@ class Engine:
         segments, fed = [], []
         for stream in active:
             if not stream.prefilling:
-                segments.append(Segment(stream.cache, [stream.token]))
+                segments.append(Segment(stream.cache, [stream.token], decoding=True))
                 fed.append(stream)
         room = PREFILL_BESIDE if segments else self.alone_rows
         for stream in active:

@@ -50,9 +50,9 @@ def scale_rows(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]
     adds the zero point first and so rounds some values twice. Every op works row by row, so
     a row's result does not depend on the others. abs().amax() is exact, like the infinity
     norm used before, and 3-5x faster. Six ops: at one row each costs its dispatch, not its
-    arithmetic, and this runs 97 times a decode step."""
+    arithmetic, and this runs once per Linear (97 times a Qwen-shape decode step)."""
+    # clamp: an all-zero row quantizes to zeros with a harmless scale
     scale = x.abs().amax(-1, keepdim=True).clamp_(min=1e-12).div_(limit)
-    # an all-zero row quantizes to zeros with a harmless scale
     return x.div(scale).round_(), scale
 
 
@@ -108,7 +108,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor):
 def _product_op():
     """The op's C++ entry itself: torch.ops' Python wrappers look through every argument
     for traced stand-ins of the packed weight before each call (torchbind ops), a cost paid
-    97 times a one-row decode step for nothing here. The public op where that entry moved."""
+    97 times a one-row decode step for nothing here. The public op if a torch release
+    drops the private `_op` (the self-check at load goes through this same path)."""
     op = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
     return getattr(op, "_op", op)
 

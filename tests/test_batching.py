@@ -233,3 +233,32 @@ def test_concurrent_requests_to_the_real_server_get_their_lone_answers(start_ser
     timings = [r["timings"] for r in replies]
     shortest_run = min(t["total_ms"] - t["queued_ms"] for t in timings)
     assert max(t["queued_ms"] for t in timings) < shortest_run
+
+
+@pytest.mark.parametrize("length", [150, 33], ids=["long", "one-row last chunk"])
+def test_a_prompts_cache_and_logits_do_not_depend_on_its_chunking(loaded, length):
+    """The engine chunks a prompt by the load (big alone, small beside decoding streams):
+    every chunking on block boundaries gives bitwise the same keys, values and logits, also
+    when the last chunk is one row, and the same next decode step."""
+    import torch
+
+    from inference.decoder import Segment
+
+    engine, prompts = loaded
+    decoder = engine.decoder
+    question = "Name three rivers of Europe and say where each one meets the sea. " * 10
+    prompt = encode(prompts, question)[:length]
+    assert len(prompt) == length
+    results = []
+    for chunk in (16, 32, 64, length):
+        cache = decoder.new_cache(length + 1)
+        for start in range(0, length, chunk):
+            logits = decoder.forward([Segment(cache, prompt[start : start + chunk])])
+        step = decoder.forward([Segment(cache, [prompt[0]], decoding=True)])
+        every_layer = cache._buf[:, :, :, : cache.length].clone()  # keys and values
+        results.append((chunk, logits, every_layer, step))
+    _, first_logits, first_cache, first_step = results[0]
+    for chunk, logits, kv, step in results[1:]:
+        assert torch.equal(logits, first_logits), chunk
+        assert torch.equal(kv, first_cache), chunk
+        assert torch.equal(step, first_step), chunk

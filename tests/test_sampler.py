@@ -61,3 +61,11 @@ def test_a_seed_gives_the_same_tokens():
 def test_greedy_below_the_minimum_temperature():
     logits = torch.tensor([0.0, 5.0, 1.0])
     assert sampler.pick(logits, sampler.MIN_TEMPERATURE / 2, 0.1) == 1
+
+
+def test_nan_logits_are_refused_not_sampled():
+    logits = torch.tensor([1.0, float("nan"), 0.5])
+    with pytest.raises(ValueError, match="NaN"):
+        sampler.pick(logits, 0.8, 0.9)
+    with pytest.raises(ValueError, match="all zero"):
+        sampler.draw(torch.zeros(4))
