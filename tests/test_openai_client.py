@@ -12,7 +12,9 @@ from tests.conftest import ServerProcess
 from tests.httpclient import request, wait_until
 
 KEY = "tool-key-" + "x" * 16
-ASK = [{"role": "user", "content": "What is the capital of France?"}]
+# Not France: SmolLM2's first token there is a near-tie in fp32 (0.08 logits) that the int8
+# model may take either way (README, "Speed").
+ASK = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_plain_and_streamed_answers_agree(server):
         model="gpt-4o-mini", messages=ASK, temperature=0, max_tokens=24
     )
     answer = plain.choices[0].message.content
-    assert "Paris" in answer and plain.choices[0].message.role == "assistant"
+    assert "Tokyo" in answer and plain.choices[0].message.role == "assistant"
     assert plain.model == "SmolLM2-135M-Instruct"
     assert plain.choices[0].finish_reason in ("stop", "length")
     assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
