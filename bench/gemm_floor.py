@@ -25,24 +25,18 @@ def step_products(decoder) -> list:
     decode step, in the order a one-row forward calls them."""
     import torch
 
-    linears = []
-    for layer in decoder.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears += [attn.qkv_proj.linear, attn.o_proj, mlp.gate_up_proj.linear, mlp.down_proj]
-    linears.append(decoder.lm_head)
     gen = torch.Generator().manual_seed(0)
     return [
-        (
-            packed,
-            torch.randn(1, lin.in_features, generator=gen)
-            .mul_(40)
-            .round_()
-            .clamp_(-lin.limit, lin.limit),
-            lin.limit,
-        )
-        for lin in linears
+        (packed, _integer_row(lin.in_features, lin.limit, gen), lin.limit)
+        for lin in decoder.step_linears()
         for packed in lin._packed
     ]
+
+
+def _integer_row(width: int, limit: int, gen):
+    import torch
+
+    return torch.randn(1, width, generator=gen).mul_(40).round_().clamp_(-limit, limit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine, ids, threads = engine_and_prompt(args.model, None)
     decoder = engine.decoder
-    if not decoder.rows_independent():
-        parser.error("the engine does not run per-row int8 here: nothing to compare")
+    if not decoder.step_linears():
+        parser.error("the engine does not run fused per-row int8 here: nothing to compare")
     config = load_config([], os.environ)
     try:
         ggufs = ensure_ggufs(

@@ -14,7 +14,9 @@ forward: no masks for a whole padded batch, no cache objects, fewer small ops pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -44,35 +46,31 @@ class Segment:
 
 @dataclass(frozen=True)
 class _Fused:
-    """A layer's parts for the fused path, looked up once: at one row, each nn.Module
-    attribute lookup and module call costs about what a small op does."""
+    """A fused layer's parts, looked up once: at one row, each nn.Module attribute lookup
+    and module call costs about what a small op does."""
 
-    input_norm: tuple  # (shape, weight, eps) of each norm, for F.rms_norm
-    post_norm: tuple
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: RowInt8Linear
     o_proj: RowInt8Linear
     gate_up: RowInt8Linear
-    gate_width: int
+    gate_up_sizes: list[int]
     down: RowInt8Linear
-    act: object
+    act: Callable[[torch.Tensor], torch.Tensor]
 
     @classmethod
-    def of(cls, layer) -> _Fused:
+    def of(cls, layer, norm: Callable) -> _Fused:
         attn, mlp = layer.self_attn, layer.mlp
         return cls(
-            _norm_args(layer.input_layernorm),
-            _norm_args(layer.post_attention_layernorm),
+            norm(layer.input_layernorm),
+            norm(layer.post_attention_layernorm),
             attn.qkv_proj.linear,
             attn.o_proj,
             mlp.gate_up_proj.linear,
-            mlp.gate_up_proj.sizes[0],
+            mlp.gate_up_proj.sizes,
             mlp.down_proj,
             mlp.act_fn,
         )
-
-
-def _norm_args(norm) -> tuple:
-    return norm.weight.shape, norm.weight, norm.variance_epsilon
 
 
 class Decoder:
@@ -83,7 +81,6 @@ class Decoder:
         self.model = model
         self.embed = body.embed_tokens
         self.layers = list(body.layers)
-        self.norm = body.norm
         self.lm_head = model.lm_head
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -105,9 +102,10 @@ class Decoder:
             and isinstance(lay.mlp.down_proj, RowInt8Linear)
             for lay in self.layers
         )
+        self._final_norm = self._norm_fn(body.norm)
         self._fused = None
-        if self.fused_norms and self.fused_projections:
-            self._fused = [_Fused.of(lay) for lay in self.layers]
+        if self.fused_projections:
+            self._fused = [_Fused.of(lay, self._norm_fn) for lay in self.layers]
         cos, sin = rope.tables(body.rotary_emb, context_tokens, self.dtype)
         half = self.head_dim // 2
         self.cos = cos  # [context, head_dim]
@@ -156,18 +154,29 @@ class Decoder:
         for seg in segments:
             seg.cache.commit(len(seg.ids))
         last = hidden if every_row else hidden[[end - 1 for _, end in spans]]
-        return self.lm_head(self._norm(self.norm, last)).float()
+        return self.lm_head(self._final_norm(last)).float()
+
+    def step_linears(self) -> list[RowInt8Linear]:
+        """The per-row int8 Linears a one-row step multiplies by, in order (none unless the
+        projections are fused): what bench.gemm_floor times alone."""
+        if self._fused is None:
+            return []
+        parts = [(p.qkv, p.o_proj, p.gate_up, p.down) for p in self._fused]
+        return [linear for layer in parts for linear in layer] + [self.lm_head]
+
+    def _norm_fn(self, module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The norm as one fused op where the model allows, else the module itself."""
+        if self.fused_norms:
+            weight, eps = module.weight, module.variance_epsilon
+            return partial(F.rms_norm, normalized_shape=weight.shape, weight=weight, eps=eps)
+        return module
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_norms:
-            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
-        return module(x)
+        return self._norm_fn(module)(x)
 
     def _qkv(self, attn, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
-        """Rotated queries and keys, and values, [rows, heads, dim] each. Fused: one product
-        and one rotation of the query and key heads together (adjacent in the product)."""
-        if self.fused_projections:
-            return self._split_qkv(attn.qkv_proj.linear(x), cos, sin)
+        """Rotated queries and keys, and values, [rows, heads, dim] each, from three products
+        (the fused product is _split_qkv's)."""
         rows = x.shape[0]
         q = _rotate(attn.q_proj(x).view(rows, self.heads, self.head_dim), cos, sin)
         k = _rotate(attn.k_proj(x).view(rows, self.kv_heads, self.head_dim), cos, sin)
@@ -184,11 +193,6 @@ class Decoder:
         return qk[:, : self.heads], qk[:, self.heads :], v
 
     def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_projections:
-            gate, up = mlp.gate_up_proj.linear(x).split(mlp.gate_up_proj.sizes, dim=-1)
-            h = mlp.act_fn(gate).mul_(up)
-            del gate, up  # the fused product (the step's largest) is freed before down_proj
-            return mlp.down_proj(h)
         return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
     def _layer(self, index, layer, hidden, cos, sin, segments, spans) -> torch.Tensor:
@@ -198,11 +202,10 @@ class Decoder:
         return hidden + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden))
 
     def _fused_layer(self, index, parts: _Fused, hidden, cos, sin, segments, spans):
-        """_layer with fused norms and projections, from the parts looked up at load."""
-        q, k, v = self._split_qkv(parts.qkv.rows(F.rms_norm(hidden, *parts.input_norm)), cos, sin)
+        """_layer with fused projections, from the parts looked up at load."""
+        q, k, v = self._split_qkv(parts.qkv.rows(parts.input_norm(hidden)), cos, sin)
         hidden = hidden + parts.o_proj.rows(self._attention(index, q, k, v, segments, spans))
-        x = F.rms_norm(hidden, *parts.post_norm)
-        gate, up = parts.gate_up.rows(x).split(parts.gate_width, dim=-1)
+        gate, up = parts.gate_up.rows(parts.post_norm(hidden)).split(parts.gate_up_sizes, dim=-1)
         h = parts.act(gate).mul_(up)
         del gate, up  # the fused product (the step's largest) is freed before down_proj
         return hidden + parts.down.rows(h)
@@ -229,12 +232,10 @@ class Decoder:
         which follows the load (engine.py); the math path's do not, and a decode row is
         always alone in its segment."""
         rows = q.shape[0]
-        if decoding:  # one row; the heads already lie in that order, no permute
-            q = q.reshape(1, self.kv_heads, self.group, self.head_dim)
-            o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
-            return o.reshape(1, self.heads * self.head_dim)
-        if rows == 1:  # a prompt's last row alone: nothing to mask, no permute
+        if rows == 1:  # nothing to mask; the heads already lie in that order, no permute
             q = q.reshape(self.kv_heads, self.group, self.head_dim)
+            if decoding:
+                q, keys, values = q[None], keys[None], values[None]
             o = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling)
             return o.reshape(1, self.heads * self.head_dim)
         q = q.view(rows, self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
@@ -274,7 +275,7 @@ def _check_supported(model) -> None:
         raise UnsupportedModel("per-head query/key norms (Qwen3) are not supported")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not supported")
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    rope_type = (rope or {}).get("rope_type") or (rope or {}).get("type")
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    rope_type = (params or {}).get("rope_type") or (params or {}).get("type")
     if rope_type in _LENGTH_DEPENDENT_ROPE:
         raise UnsupportedModel(f"rope type {rope_type!r} depends on the length")

@@ -237,9 +237,9 @@ def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
     cache = decoder.new_cache(len(ids) + 1)
     decoder.forward([Segment(cache, ids)])
     used.clear()
-    decoder.forward([Segment(cache, [ids[0]])])  # one decode step
+    decoder.forward([Segment(cache, [ids[0]], decoding=True)])  # one decode step
     products = step_products(decoder)
     assert [id(p) for p, _row, _limit in products] == [id(p) for p in used]
     for packed, row, limit in products:
-        assert row.shape[0] == 1 and row.abs().max() <= limit
-        assert product(row, packed, limit).shape[0] == 1
+        in_features = packed.unpack()[0].shape[1]
+        assert row.shape == (1, in_features) and row.abs().max() <= limit

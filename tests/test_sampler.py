@@ -58,9 +58,15 @@ def test_a_seed_gives_the_same_tokens():
     assert tokens(5) != tokens(6)
 
 
-def test_greedy_below_the_minimum_temperature():
+def test_greedy_below_the_minimum_temperature_not_nan():
     logits = torch.tensor([0.0, 5.0, 1.0])
+    assert sampler.pick(logits, 1e-300, 1.0) == 1
     assert sampler.pick(logits, sampler.MIN_TEMPERATURE / 2, 0.1) == 1
+
+
+def test_sampling_respects_top_p():
+    logits = torch.tensor([10.0, 9.9, -50.0, -50.0])
+    assert {sampler.pick(logits, 1.0, 0.5) for _ in range(50)} == {0}
 
 
 def test_nan_logits_are_refused_not_sampled():
