@@ -16,8 +16,9 @@ import torch
 
 
 def tables(rotary_emb, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), each [positions, head_dim], as `rotary_emb(x, arange(positions)[None])[i][0]`
-    would give them for a transformers rotary module with `inv_freq` (Llama/Qwen2 style)."""
+    """(cos, sin), each [positions, head_dim], the tables `rotary_emb(x, arange(positions)
+    [None])` gives for a transformers rotary module with `inv_freq` (Llama/Qwen2 style),
+    but correctly rounded: MKL's float32 cos differs from them by one ulp in ~5% of entries."""
     inv_freq = rotary_emb.inv_freq.detach().float()
     freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None]
     angles = torch.cat((freqs, freqs), dim=-1).double().numpy()
