@@ -16,15 +16,16 @@ import sys
 import threading
 import time
 
-from inference import cpu
-from inference.config import Config, ConfigError, load_config
-from inference.embedded import EmbeddedMissing
-from inference.grammar import SchemaCompiler
-from inference.host import Pinning, apply_gc_policy, lock_memory, name_this_thread, parse_cpu_list
-from inference.jobs import Sampling
-from inference.loading import ModelLoadError, choose_model, load_model
-from inference.threads import governor_for
-from inference.worker import Worker
+from inference.host import cpu
+from inference.host.process import Pinning, apply_gc_policy, lock_memory, name_this_thread
+from inference.host.threads import governor_for
+from inference.loading.assemble import ModelLoadError, choose_model, load_model
+from inference.loading.embedded import EmbeddedMissing
+from inference.runtime.grammar import SchemaCompiler
+from inference.runtime.jobs import Sampling
+from inference.runtime.worker import Worker
+from service.config import Config, ConfigError, load_config
+from service.cpu_list import parse_cpu_list
 from web.app import Runtime, create_app
 from web.auth import load_keys, reload_keys
 from web.keys import KeyFileError

@@ -1,6 +1,6 @@
 """One side of the benchmark, in its own process: load, then answer commands from stdin.
 
-`engine`: deskchat's Engine, loaded by inference.loading with the DESKCHAT_* settings of
+`engine`: deskchat's Engine, loaded by inference.loading.assemble with the DESKCHAT_* settings of
 the environment (so the bench measures the engine as configured). `baseline`: plain
 transformers, fp32, `model.generate` with its defaults apart from greedy decoding and a fixed
 answer length. `llamacpp_q8_0` / `llamacpp_q4_k_m` (`--peer llamacpp`): llama.cpp on a GGUF
@@ -26,8 +26,8 @@ def peak_rss_mb() -> float:
 
 class EngineSide:
     def __init__(self, model_dir: str):
-        from inference.config import load_config
-        from inference.loading import ModelChoice, load_model
+        from inference.loading.assemble import ModelChoice, load_model
+        from service.config import load_config
 
         config = load_config([], os.environ)
         choice = ModelChoice(Path(model_dir), os.path.basename(model_dir))
@@ -45,7 +45,7 @@ class EngineSide:
         }
 
     def run(self, messages: list[dict], max_tokens: int) -> dict:
-        from inference.jobs import Sampling
+        from inference.runtime.jobs import Sampling
 
         ids = self.prompts.encode(messages)
         started = time.perf_counter()

@@ -70,7 +70,7 @@ class Child:
 
 def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:
     if spec == "embedded":
-        from inference.embedded import embedded_model_dir
+        from inference.loading.embedded import embedded_model_dir
 
         return embedded_model_dir(cache_dir)
     if spec == "qwen-shape":
@@ -87,7 +87,7 @@ def prompt_ids(model_dir: Path) -> dict[str, list[int]]:
     """The prompts as token ids, rendered with the model's chat template (for peer sides)."""
     from transformers import AutoTokenizer
 
-    from inference.prompt import PromptBuilder
+    from inference.runtime.prompt import PromptBuilder
 
     builder = PromptBuilder(AutoTokenizer.from_pretrained(model_dir), context_tokens=0)
     return {name: builder.encode(messages) for name, messages in PROMPTS.items()}
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return latency.main([a for a in argv if a != "--latency"])
     args = build_parser().parse_args(argv)
-    from inference.config import load_config
+    from service.config import load_config
 
     config = load_config([], os.environ)
     if args.http:

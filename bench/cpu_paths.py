@@ -1,5 +1,5 @@
 """Forward CPU time of each path this CPU can run (fp32, int8 on every torch.ao engine that
-inference/cpu.py deems safe here, int4), all loaded in this process and run interleaved,
+inference/host/cpu.py deems safe here, int4), all loaded in this process and run interleaved,
 one thread, `time.thread_time`: ratios to fp32 on the same CPU, emulated or not.
 
     python -m bench.cpu_paths [--model DIR|embedded] [--steps N]
@@ -21,7 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from bench.int8_steps import cpu_ms
-from inference import cpu, quantize, smooth
+from inference.host import cpu
+from inference.loading.checkpoint import load_quantized
+from inference.quant import smooth
 
 
 def load_paths(folder: Path, plan: cpu.Plan, int4: bool = True) -> dict:
@@ -32,9 +34,9 @@ def load_paths(folder: Path, plan: cpu.Plan, int4: bool = True) -> dict:
     models = {"fp32": AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()}
     for engine in cpu.int8_engines(plan.paths.isa, cpu.detect().engines):
         torch.backends.quantized.engine = engine  # packed weights keep the engine they had
-        models[f"int8 {engine}"] = quantize.load_quantized(folder, "int8", "auto", cal)
+        models[f"int8 {engine}"] = load_quantized(folder, "int8", "auto", cal)
     if int4 and plan.paths.int4 != cpu.NONE:
-        models["int4"] = quantize.load_quantized(folder, "int4", "auto", cal)
+        models["int4"] = load_quantized(folder, "int4", "auto", cal)
     return models
 
 
@@ -77,8 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.model == "embedded":
-        from inference.config import default_cache_dir
-        from inference.embedded import embedded_model_dir
+        from inference.loading.embedded import embedded_model_dir
+        from service.config import default_cache_dir
 
         folder = embedded_model_dir(default_cache_dir())
     else:

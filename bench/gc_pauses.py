@@ -1,5 +1,5 @@
 """How long Python's garbage collector stops the inference thread, per generation, and how
-many of those stops fall inside a job; under each --gc-policy (inference/host.py).
+many of those stops fall inside a job; under each --gc-policy (inference/host/process.py).
 
     python -m bench.gc_pauses [--model qwen-shape|embedded|DIR] [--requests 20]
 
@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.cli import resolve_model
-    from inference.config import load_config
-    from inference.host import apply_gc_policy, between_jobs
-    from inference.jobs import Sampling
-    from inference.loading import ModelChoice, load_model
+    from inference.host.process import apply_gc_policy, between_jobs
+    from inference.loading.assemble import ModelChoice, load_model
+    from inference.runtime.jobs import Sampling
+    from service.config import load_config
 
     config = load_config([], os.environ)
     model_dir = resolve_model(args.model, config.cache_dir, None)

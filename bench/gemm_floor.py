@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.cli import resolve_model
     from bench.peer_llamacpp import LlamaCppSide, PeerMissing, ensure_ggufs
     from bench.step_jitter import engine_and_prompt
-    from inference.config import load_config
-    from inference.decoder import Segment
-    from inference.rowint8 import integer_product
+    from inference.model.decoder import Segment
+    from inference.quant.rowint8 import integer_product
+    from service.config import load_config
 
     engine, ids, threads = engine_and_prompt(args.model, None)
     decoder = engine.decoder

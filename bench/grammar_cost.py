@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixture", default=None)
     args = parser.parse_args(argv)
 
-    from inference.config import load_config
-    from inference.grammar import SchemaCompiler
-    from inference.jobs import Sampling
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
+    from inference.runtime.grammar import SchemaCompiler
+    from inference.runtime.jobs import Sampling
+    from service.config import load_config
 
     config = load_config([], os.environ)
     model_dir = resolve_model(args.model, config.cache_dir, args.fixture)

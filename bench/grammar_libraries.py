@@ -37,7 +37,7 @@ def main() -> int:
     import xgrammar as xgr
     from transformers import AutoTokenizer
 
-    from inference.grammar import SchemaCompiler
+    from inference.runtime.grammar import SchemaCompiler
 
     tok = AutoTokenizer.from_pretrained(fixture_dir(None))
     ids = tok.encode(json.dumps(ANSWER, separators=(",", ":")))

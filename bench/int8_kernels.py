@@ -1,5 +1,5 @@
 """Integer GEMM kernels for the per-row int8 Linear at few rows: which is fastest, and which
-give bitwise the same output as the one served (inference/rowint8.py).
+give bitwise the same output as the one served (inference/quant/rowint8.py).
 
     python -m bench.int8_kernels [--threads 2] [--rows 1,2,4,8]
 
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from inference import rowint8
+from inference.quant import rowint8
 
 # Qwen2.5-0.5B's projections as the per-row path runs them: (out, in) features.
 SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}

@@ -1,5 +1,5 @@
 """Forward CPU time of one model: torch.ao int8 (one activation scale per forward) against
-per-row int8 (inference/rowint8.py), both loaded in this process and run interleaved, one
+per-row int8 (inference/quant/rowint8.py), both loaded in this process and run interleaved, one
 thread, `time.thread_time` (robust to other processes on a shared machine).
 
     python -m bench.int8_steps [MODEL_DIR]   (default: the Qwen shape in ~/.cache/deskchat)
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
-from inference import quantize, smooth
+from inference.loading.checkpoint import load_quantized
+from inference.quant import smooth
 
 
 def cpu_ms(f) -> float:
@@ -35,8 +36,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(folder)
     cal = tok(smooth.CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
     models = {
-        "per_row": quantize.load_quantized(folder, "int8-row", "auto", cal),
-        "torch_ao": quantize.load_quantized(folder, "int8", "auto", cal),
+        "per_row": load_quantized(folder, "int8-row", "auto", cal),
+        "torch_ao": load_quantized(folder, "int8", "auto", cal),
     }
     gen = torch.Generator().manual_seed(0)
     vocab = models["per_row"].config.vocab_size

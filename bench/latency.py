@@ -245,7 +245,7 @@ def run_cell(url: str, condition: str, args, file: Path, log) -> dict:
 
 
 def run(args, log=print) -> dict:
-    from inference.config import load_config
+    from service.config import load_config
 
     config = load_config([], os.environ)
     report = {"meta": meta(args), "settings": {}, "cells": {}}

@@ -22,7 +22,7 @@ FILLER = "The quarterly report lists every printer, its toner level and the room
 
 def model_folder(name: str, cache_dir: Path) -> Path:
     if name == "embedded":
-        from inference.embedded import embedded_model_dir
+        from inference.loading.embedded import embedded_model_dir
 
         return embedded_model_dir(cache_dir)
     if name == "qwen-shape":
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
 
-    from inference.config import load_config
-    from inference.jobs import Sampling
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
+    from inference.runtime.jobs import Sampling
+    from service.config import load_config
 
     env = dict(os.environ)
     if args.cache_dir:

@@ -7,7 +7,7 @@ next-token distribution from fp32's at every position, and how often both rank t
 token first (top-1 agreement). Every side sees the same token ids (our tokenizer's).
 
 Sides: the engine at each `--quantize` setting (through the forward it serves with,
-inference/decoder.py, loaded as the server loads it), and with `--peer llamacpp` llama.cpp's
+inference/model/decoder.py, loaded as the server loads it), and with `--peer llamacpp` llama.cpp's
 Q8_0 and Q4_K_M of the same weights (the optional extra, bench/peer_llamacpp.py; converted
 from an f32 GGUF so that no bf16 rounding is charged to them). tests/test_quality.py holds
 the default setting to llama.cpp Q4_K_M's figures from this bench.
@@ -48,9 +48,9 @@ def fp32_logprobs(model, chunks: list[list[int]]) -> list[torch.Tensor]:
 
 
 def decoder_logprobs(decoder, chunks: list[list[int]]):
-    """The served forward (inference/decoder.py), every position of each chunk, one chunk
+    """The served forward (inference/model/decoder.py), every position of each chunk, one chunk
     at a time (a generator: only fp32's side is held whole)."""
-    from inference.decoder import Segment
+    from inference.model.decoder import Segment
 
     for ids in chunks:
         with torch.inference_mode():
@@ -98,8 +98,8 @@ def llamacpp_logprobs(gguf: Path, chunks: list[list[int]], threads: int):
 
 def engine_decoder(folder: Path, quantize: str, threads: int):
     """The engine's Decoder as the server would load it with DESKCHAT_QUANTIZE=quantize."""
-    from inference.config import load_config
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
+    from service.config import load_config
 
     config = dataclasses.replace(load_config([], os.environ), quantize=quantize, threads=threads)
     engine, _prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bench.cli import resolve_model
-    from inference.config import load_config
+    from service.config import load_config
 
     config = load_config([], os.environ)
     threads = args.threads or config.threads

@@ -26,8 +26,8 @@ def engine_and_prompt(model: str, threads: int | None) -> tuple:
     """(engine, prompt ids, threads): the server's engine on `model` with its settings (the
     thread count replaced when given), answers never ending early, and one coding question."""
     from bench.cli import resolve_model
-    from inference.config import load_config
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
+    from service.config import load_config
 
     config = load_config([], os.environ)
     if threads:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             "--answers 1 or more"
         )
 
-    from inference.jobs import Sampling
+    from inference.runtime.jobs import Sampling
 
     engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
     wall, cpu = [], []

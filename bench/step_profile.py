@@ -71,7 +71,7 @@ def profile_batch(engine, prompt_ids, batch: int, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from inference.jobs import Sampling
+    from inference.runtime.jobs import Sampling
 
     streams = [engine.open(prompt_ids, Sampling(max_tokens=2 * steps + 16)) for _ in range(batch)]
     while any(s.completion_tokens == 0 for s in streams):  # prompts read, first tokens out

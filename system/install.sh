@@ -16,7 +16,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly HERE
 readonly SRC="${HERE}/.."
-readonly APP_FILES=(server.py requirements.txt README.md inference web)
+readonly APP_FILES=(server.py requirements.txt README.md service inference web)
 # shellcheck source=SCRIPTDIR/install-lib.sh
 source "${HERE}/install-lib.sh"
 # shellcheck source=SCRIPTDIR/install-python.sh

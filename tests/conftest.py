@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.config import load_config
-from inference.worker import Worker
+from inference.runtime.worker import Worker
 from server import make_http_server, start_http_thread
+from service.config import load_config
 from tests.fakes import FakeEngine, FakePrompts
 from tests.httpclient import request
 from web.app import Runtime, create_app
@@ -27,7 +27,7 @@ TEST_CACHE = Path(os.environ.get("DESKCHAT_TEST_CACHE", ROOT / ".test-cache"))
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
     """The embedded model, converted once into the test cache."""
-    from inference.embedded import embedded_model_dir
+    from inference.loading.embedded import embedded_model_dir
 
     return embedded_model_dir(TEST_CACHE)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from inference.jobs import Generation
-from inference.prompt import PromptBuilder
+from inference.runtime.jobs import Generation
+from inference.runtime.prompt import PromptBuilder
 
 
 class FakeStream:

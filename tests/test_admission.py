@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from inference.jobs import Job, Sampling
-from inference.worker import FIRST_PREFILL_GUESS_S, Worker
+from inference.runtime.jobs import Job, Sampling
+from inference.runtime.worker import FIRST_PREFILL_GUESS_S, Worker
 from tests.fakes import FakeEngine
 from tests.httpclient import chat, wait_until
 

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from inference.config import load_config
-from inference.engine import PREFILL_BESIDE, PREFILL_CHUNK
-from inference.errors import Cancelled, Timeout
-from inference.jobs import Done, Failed, Job, Sampling
+from inference.runtime.engine import PREFILL_BESIDE, PREFILL_CHUNK
+from inference.runtime.jobs import Done, Failed, Job, Sampling
+from service.config import load_config
+from service.errors import Cancelled, Timeout
 from tests.fakes import FakeEngine
 from tests.httpclient import chat, request, wait_until
 from tests.test_worker import ids, terminal_events
@@ -28,7 +28,7 @@ LONG = "Summarize this: " + "the meeting moved the launch to May and hired two e
 
 @pytest.fixture(scope="module")
 def loaded(embedded_dir):
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
 
     config = dataclasses.replace(load_config([], {}), quantize="int8-row")
     engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
@@ -242,7 +242,7 @@ def test_a_prompts_cache_and_logits_do_not_depend_on_its_chunking(loaded, length
     when the last chunk is one row, and the same next decode step."""
     import torch
 
-    from inference.decoder import Segment
+    from inference.model.decoder import Segment
 
     engine, prompts = loaded
     decoder = engine.decoder

@@ -162,7 +162,7 @@ def test_step_profile_categories():
 
 def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch, keep_threads):
     from bench import int8_kernels
-    from inference import rowint8
+    from inference.quant import rowint8
 
     if not rowint8.available():
         pytest.skip("no per-row int8 Linear on this CPU (README 'Old CPUs')")
@@ -222,8 +222,8 @@ def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
     multiplies by, as many calls, each on a row of that weight's input width."""
     from bench.gemm_floor import step_products
     from bench.step_jitter import engine_and_prompt
-    from inference import rowint8
-    from inference.decoder import Segment
+    from inference.model.decoder import Segment
+    from inference.quant import rowint8
 
     engine, ids, _threads = engine_and_prompt(str(embedded_dir), 1)
     decoder = engine.decoder

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inference.config import Config, ConfigError, env_name, flag_name, load_config
+from service.config import Config, ConfigError, env_name, flag_name, load_config
 from tests.conftest import ROOT
 
 

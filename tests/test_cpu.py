@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference import cpu
-from inference.config import ConfigError
+from inference.host import cpu
+from service.config import ConfigError
 
 ALL_ENGINES = ("qnnpack", "onednn", "x86", "fbgemm")
 NO_FBGEMM = ("qnnpack", "onednn")  # what torch offers without AVX2 (seen under qemu)

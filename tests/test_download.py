@@ -1,4 +1,4 @@
-"""inference.download against a loopback stand-in of the ModelScope hub (no internet needed)."""
+"""inference.loading.download against a loopback stand-in of the ModelScope hub (no internet)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
+from inference.loading.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 from tests.modelscope_standin import ModelScopeStandin
 
 MODEL_ID = "acme/tiny-chat"
@@ -142,7 +142,7 @@ def refuse(*args, **kwargs):
     raise OSError("network access blocked by test")
 socket.socket.connect = socket.socket.connect_ex = refuse
 socket.create_connection = socket.getaddrinfo = refuse
-from inference.download import fetch_modelscope_model
+from inference.loading.download import fetch_modelscope_model
 print(fetch_modelscope_model(sys.argv[1], "master", sys.argv[2]))
 print(len(tries))
 """

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
+from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
 from tests.conftest import ROOT
 from tests.httpclient import wait_until
 
@@ -29,7 +29,7 @@ def test_staging_left_by_a_killed_conversion_is_removed_at_start(tmp_path):
             sys.executable,
             "-c",
             "import sys; from pathlib import Path; "
-            "from inference.embedded import embedded_model_dir; "
+            "from inference.loading.embedded import embedded_model_dir; "
             "embedded_model_dir(Path(sys.argv[1]))",
             str(cache),
         ],
@@ -65,7 +65,7 @@ def test_a_conversion_in_progress_keeps_its_staging_folder(tmp_path):
 def fake_conversion(monkeypatch):
     """The GGUF conversion replaced by a small one (a real one takes 17 s): a config and a
     real safetensors file. Returns the list of folders converted into."""
-    import inference.embedded as embedded
+    import inference.loading.embedded as embedded
 
     converted = []
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.config import load_config
-from inference.embedded import EMBEDDED_NAME
-from inference.engine import PREFILL_CHUNK
-from inference.jobs import Sampling
-from inference.loading import ModelChoice, load_model
+from inference.loading.assemble import ModelChoice, load_model
+from inference.loading.embedded import EMBEDDED_NAME
+from inference.runtime.engine import PREFILL_CHUNK
+from inference.runtime.jobs import Sampling
+from service.config import load_config
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference.errors import InvalidRequest
-from inference.sampler import pick
+from inference.runtime.sampler import pick
+from service.errors import InvalidRequest
 from tests.fakes import FakeEngine
 from tests.httpclient import request
 from web.chat_api import parse_chat_request

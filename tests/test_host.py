@@ -1,4 +1,4 @@
-"""inference/host.py: CPU pinning of the right threads, the mlock limit message, the GC policy.
+"""inference/host/process.py: CPU pinning of the right threads, the mlock limit message, GC policy.
 
 No timing here: what each knob buys is measured by `python -m bench --latency`.
 """
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from inference import host
-from inference.config import ConfigError, load_config
-from inference.jobs import Sampling
+from inference.host import process as host
+from inference.runtime.jobs import Sampling
+from service.config import ConfigError, load_config
+from service.cpu_list import parse_cpu_list
 from tests.httpclient import chat
 from tests.systree import skip_unless_ci
 
@@ -35,7 +36,7 @@ def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
         except FileNotFoundError:  # the thread ended meanwhile
             continue
         line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
-        tasks.append((name, host.parse_cpu_list(line.split(":", 1)[1])))
+        tasks.append((name, parse_cpu_list(line.split(":", 1)[1])))
     return tasks
 
 
@@ -44,13 +45,13 @@ def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
     [("0", {0}), ("0-2", {0, 1, 2}), ("1,3-4", {1, 3, 4}), (" 2 , 0 ", {0, 2})],
 )
 def test_parse_cpu_list(text: str, cores: set[int]) -> None:
-    assert host.parse_cpu_list(text) == cores
+    assert parse_cpu_list(text) == cores
 
 
 @pytest.mark.parametrize("text", ["", "a", "3-1", "1-", "-1", "1;2"])
 def test_parse_cpu_list_refuses(text: str) -> None:
     with pytest.raises(ValueError):
-        host.parse_cpu_list(text)
+        parse_cpu_list(text)
 
 
 def test_cpu_affinity_setting_is_checked_against_this_machine() -> None:
@@ -75,7 +76,7 @@ def test_pinning_split() -> None:
 # inference thread and runs torch with two OpenMP threads. Prints every thread's mask.
 OPENMP_CHILD = """
 import json, sys, threading
-from inference import host
+from inference.host import process as host
 from tests.test_host import task_masks
 pinning = host.Pinning(frozenset({int(sys.argv[1])}))
 pinning.pin_others()

@@ -125,7 +125,7 @@ def test_a_constrained_answer_cut_by_max_tokens_says_length(server):
 def test_compiled_schemas_are_cached(embedded_dir):
     from transformers import AutoTokenizer
 
-    from inference.grammar import SchemaCompiler
+    from inference.runtime.grammar import SchemaCompiler
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
     compiler = SchemaCompiler(lambda use: use(tokenizer), 49152)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from inference.config import Config
+from service.config import Config
 from tests.fakes import FakeEngine
 from tests.httpclient import request, wait_until
 from web.auth import FailureLimiter, exposure_problem, guessing_unit

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from inference.config import load_config
-from inference.jobs import Sampling
-from inference.loading import ModelChoice, load_model
+from inference.loading.assemble import ModelChoice, load_model
+from inference.runtime.jobs import Sampling
+from service.config import load_config
 
 
 @pytest.fixture(scope="module")

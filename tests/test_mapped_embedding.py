@@ -9,8 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference.mapped_embedding import MappedEmbedding, map_tensor
-from inference.quantize import Int8Embedding
+from inference.quant.embedding import Int8Embedding, MappedEmbedding, map_tensor
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -42,8 +41,8 @@ def test_the_loader_maps_the_checkpoints_embedding(embedded_dir):
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from inference.quantize import load_quantized
-    from inference.smooth import CALIBRATION_TEXT
+    from inference.loading.checkpoint import load_quantized
+    from inference.quant.smooth import CALIBRATION_TEXT
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]

@@ -10,7 +10,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.threads import ThreadGovernor
+from inference.host.threads import ThreadGovernor
 from tests.conftest import free_port
 from tests.fakes import FakeEngine
 from tests.httpclient import Stream, chat, request, wait_until
@@ -123,7 +123,7 @@ def test_answers_errors_and_tokens_are_counted(fake_server):
 
 def test_state_gauges_model_info_and_process_collectors(fake_server):
     server = fake_server(None, "--max-queue", "3")
-    # What an old CPU without an int8 kernel serves for the default int8 (inference/cpu.py)
+    # What an old CPU without an int8 kernel serves for the default int8 (inference/host/cpu.py)
     server.runtime.cpu = {"isa": "older", "paths": {"int8": "none"}, "quantize": "none"}
     samples = scrape(server.url)
     assert value(samples, "deskchat_ready") == 1

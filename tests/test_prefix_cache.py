@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from inference.config import load_config
-from inference.engine import PREFILL_BLOCK
-from inference.jobs import Sampling
+from inference.runtime.engine import PREFILL_BLOCK
+from inference.runtime.jobs import Sampling
+from service.config import load_config
 
 TURNS = [
     "What is the capital of France?",
@@ -21,7 +21,7 @@ TURNS = [
 @pytest.fixture(scope="module", params=["int8", "none"])
 def engine_and_prompts(request, embedded_dir):
     """An engine with prefix_cache on; `engine.fresh()` answers as if nothing were kept."""
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
 
     path = embedded_dir
     config = dataclasses.replace(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inference.errors import PayloadTooLarge
-from inference.prompt import PromptBuilder
+from inference.runtime.prompt import PromptBuilder
+from service.errors import PayloadTooLarge
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_handlers_and_the_worker_can_share_one_tokenizer(embedded_dir):
     handlers encode under the builder's lock while the worker decodes beside them."""
     import threading
 
-    from inference.prompt import read_only
+    from inference.runtime.prompt import read_only
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
     tokenizer.backend_tokenizer.enable_truncation(8)  # as a tokenizer.json may set it
@@ -95,7 +95,7 @@ def test_handlers_and_the_worker_can_share_one_tokenizer(embedded_dir):
 
 
 def test_a_tokenizer_without_its_build_copies_encodes_and_decodes_the_same(embedded_dir):
-    from inference.prompt import shed_build_copies
+    from inference.runtime.prompt import shed_build_copies
 
     fresh, shed = (AutoTokenizer.from_pretrained(embedded_dir) for _ in range(2))
     shed_build_copies(shed)
@@ -110,8 +110,8 @@ def test_a_tokenizer_without_its_build_copies_encodes_and_decodes_the_same(embed
 def test_the_loader_hands_handlers_and_worker_one_settled_tokenizer(embedded_dir):
     import dataclasses
 
-    from inference.config import load_config
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
+    from service.config import load_config
 
     config = dataclasses.replace(load_config([], {}), quantize="int8-row")
     engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from inference.config import ConfigError, load_config
+from service.config import ConfigError, load_config
 from tests.fakes import FakeEngine
 from tests.httpclient import chat, request
 from web.proxy import client_address, parse_networks, request_id_from

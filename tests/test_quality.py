@@ -55,9 +55,9 @@ def fp32_model(model_dir):
 
 def load_int8(model_dir, tokenizer, quantize: str):
     """The quantized model behind the forward the engine serves with."""
-    from inference.decoder import Decoder
-    from inference.quantize import load_quantized
-    from inference.smooth import CALIBRATION_TEXT
+    from inference.loading.checkpoint import load_quantized
+    from inference.model.decoder import Decoder
+    from inference.quant.smooth import CALIBRATION_TEXT
 
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
     return Decoder(load_quantized(model_dir, quantize, "auto", calibration), CONTEXT)
@@ -80,7 +80,7 @@ def greedy(model, ids: list[int], stop: set[int]) -> tuple[list[int], list[torch
     through the served Decoder for the quantized models."""
     from transformers import DynamicCache
 
-    from inference.decoder import Decoder, Segment
+    from inference.model.decoder import Decoder, Segment
 
     served = isinstance(model, Decoder)
     cache = model.new_cache(CONTEXT) if served else DynamicCache(config=model.config)
@@ -142,7 +142,7 @@ def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
 def distance_from_fp32(fp32_answers, fp32_model, model) -> tuple[float, float]:
     """(mean KL(fp32 || model), top-1 agreement) of the next-token distribution over every
     answer token, each predicted from fp32's own past (teacher-forced)."""
-    from inference.decoder import Segment
+    from inference.model.decoder import Segment
 
     kl, agree, count = 0.0, 0, 0
     for ids, answer, _ in fp32_answers.values():
@@ -171,7 +171,7 @@ def test_seven_bit_rows_stay_far_closer_to_fp32_than_torch_ao_int8(
     """What a CPU without VNNI serves (fbgemm would saturate 8-bit rows there): measured
     0.045 and 0.914 against torch.ao int8's 0.20 and 0.86 (these 5 answers, 93 tokens), which
     such CPUs served before."""
-    from inference import rowint8
+    from inference.quant import rowint8
 
     monkeypatch.setattr(rowint8, "row_limit", lambda: 63)
     seven = load_int8(model_dir, tokenizer, "int8-row")
@@ -203,7 +203,7 @@ def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
 
 
 def test_int4_linear_computes_the_dequantized_product():
-    from inference.int4 import GROUP_SIZE, Int4Linear
+    from inference.quant.int4 import GROUP_SIZE, Int4Linear
 
     torch.manual_seed(0)
     weight = torch.randn(96, 4 * GROUP_SIZE)

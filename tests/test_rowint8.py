@@ -1,4 +1,4 @@
-"""The per-row int8 Linear (inference/rowint8.py): a row's result does not depend on the other
+"""The per-row int8 Linear (inference/quant/rowint8.py): a row's result does not depend on the other
 rows of the batch, bitwise, from one Linear up to a whole model's logits; and the loader
 falls back to torch.ao int8 with one warning when the self-check fails."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from inference import rowint8
-from inference.rowint8 import FusedPart, RowInt8Linear
+from inference.quant import rowint8
+from inference.quant.rowint8 import FusedPart, RowInt8Linear
 
 
 def activations(rows: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -120,7 +120,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def load_tiny(folder):
-    from inference.quantize import load_quantized
+    from inference.loading.checkpoint import load_quantized
 
     return load_quantized(folder, "int8-row", "auto", torch.arange(1, 40)[None])
 

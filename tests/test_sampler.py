@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference import sampler
+from inference.runtime import sampler
 
 
 def reference_nucleus(probs: torch.Tensor, top_p: float) -> dict[int, float]:

@@ -113,7 +113,7 @@ def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
 
 
 def test_health_and_the_log_show_the_cpu_paths(embedded_server):
-    from inference import cpu
+    from inference.host import cpu
 
     plan = cpu.plan_here("auto")
     assert request(embedded_server.url, "GET", "/health").json()["cpu"] == plan.as_dict()

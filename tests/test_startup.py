@@ -70,7 +70,7 @@ def _model_folder(tmp_path, files: dict[str, str]) -> str:
 def _truncated_weights(tmp_path, _held):
     import shutil
 
-    from inference.embedded import embedded_model_dir
+    from inference.loading.embedded import embedded_model_dir
     from tests.conftest import TEST_CACHE
 
     folder = tmp_path / "truncated"
@@ -225,7 +225,7 @@ def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
 def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, tmp_path):
     """The whole first-start path: snapshot_download from a loopback hub, load, serve; then a
     second start from the cache with the hub gone and no fallback allowed."""
-    from inference.embedded import embedded_model_dir
+    from inference.loading.embedded import embedded_model_dir
     from tests.conftest import TEST_CACHE
     from tests.modelscope_standin import ModelScopeStandin
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inference.text import TextAssembler
+from inference.runtime.detokenize import TextAssembler
 
 SAMPLE = "Hello, 世界! Café ☕ 🙂 naïve — done."
 

@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from inference import threads
-from inference.config import load_config, physical_cores
-from inference.host import name_this_thread
-from inference.jobs import Done, Job, Sampling
-from inference.threads import ThreadGovernor, governor_for, thread_waits
+from inference.host import threads
+from inference.host.process import name_this_thread
+from inference.host.threads import ThreadGovernor, governor_for, thread_waits
+from inference.runtime.jobs import Done, Job, Sampling
+from service.config import load_config, physical_cores
 from tests.fakes import FakeEngine
 from tests.httpclient import request
 from tests.test_worker import ids, terminal_events
@@ -203,7 +203,7 @@ def thread_count(count: int):
 
 @pytest.fixture(scope="module", params=sorted(threads.THREAD_INVARIANT))
 def engine_and_prompts(request, embedded_dir):
-    from inference.loading import ModelChoice, load_model
+    from inference.loading.assemble import ModelChoice, load_model
 
     config = dataclasses.replace(load_config([], {}), quantize=request.param, threads=2)
     with thread_count(2):  # load_model sets the count for the process
@@ -224,7 +224,7 @@ def generate(engine, prompt_ids, counts) -> str:
 
 
 def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
-    from inference.decoder import Segment
+    from inference.model.decoder import Segment
 
     engine, prompts = engine_and_prompts
     text = "Summarize: " + "the launch moved to May and two engineers joined. " * 12

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.quantize import native_bf16
+from inference.host.cpu import native_bf16
 from tests.httpclient import chat
 from tests.systree import SYSTEM, fake_checkout, run, skip_unless_ci
 
@@ -229,7 +229,7 @@ def test_priority_profiles() -> None:
     assert int(dedicated["Nice"][-1]) < 0 and int(dedicated["CPUWeight"][-1]) > 100
     assert "CPUSchedulingPolicy" not in dedicated  # no real-time: RestrictRealtime stays
     assert "DESKCHAT_MLOCK=1" in dedicated["Environment"]
-    assert unit["LimitMEMLOCK"] == ["infinity"]  # --mlock needs it (inference/host.py)
+    assert unit["LimitMEMLOCK"] == ["infinity"]  # --mlock needs it (inference/host/process.py)
 
 
 @pytest.mark.parametrize("profile", ["dedicated-pc", "shared-desk"])  # shared-desk last

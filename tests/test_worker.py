@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from inference.errors import Cancelled, Internal, Overloaded, Timeout, Unavailable
-from inference.jobs import Delta, Done, Failed, Job, Sampling
-from inference.worker import Worker
+from inference.runtime.jobs import Delta, Done, Failed, Job, Sampling
+from inference.runtime.worker import Worker
+from service.errors import Cancelled, Internal, Overloaded, Timeout, Unavailable
 from tests.fakes import FakeEngine
 from tests.httpclient import wait_until
 

@@ -14,20 +14,18 @@ import logging
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from inference.config import Config
-from inference.errors import (
+from inference.runtime.jobs import new_request_id
+from service.config import Config
+from service.errors import (
     Cancelled,
     Internal,
     InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
     PayloadTooLarge,
     ServiceError,
 )
-from inference.jobs import new_request_id
 from web import chat_api, metrics, openai_api, page
 from web.auth import Gate
-from web.errors import headers_of, status_of
+from web.errors import MethodNotAllowed, NotFound, headers_of, status_of
 from web.proxy import client_address, parse_networks, request_id_from
 from web.request_log import RequestLog
 from web.runtime import Runtime

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from inference.config import Config
-from inference.errors import TooManyFailures, Unauthorized
+from service.config import Config
+from web.errors import TooManyFailures, Unauthorized
 from web.keys import KeyFileError, KeyRing, read_key_file
 
 log = logging.getLogger("deskchat.auth")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from flask import Blueprint, g, jsonify, request
 
-from inference.config import Config
-from inference.errors import InvalidRequest, ServiceError
-from inference.jobs import Done
+from inference.runtime.jobs import Done
+from service.config import Config
+from service.errors import InvalidRequest, ServiceError
 from web import relay, validation
 from web.errors import status_of
 from web.relay import sse_frame

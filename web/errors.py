@@ -1,12 +1,38 @@
 """How each kind of ServiceError looks in HTTP: its status and its headers. The one place
-statuses are decided; each dialect only shapes the body.
+statuses are decided; each dialect only shapes the body. The kinds that only the web side
+raises (keys, routes) are declared here too; the shared ones are in service/errors.py.
 """
 
 from __future__ import annotations
 
 import math
 
-from inference.errors import MethodNotAllowed, Retryable, ServiceError, Unauthorized
+from service.errors import Retryable, ServiceError
+
+
+class Unauthorized(ServiceError):
+    """No API key, or not one of ours."""
+
+    type = "unauthorized"
+
+
+class NotFound(ServiceError):
+    type = "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    type = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: list[str]):
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class TooManyFailures(Retryable):
+    """One address sent too many wrong keys within a minute."""
+
+    type = "too_many_failures"
+
 
 STATUS = {
     "invalid_request": 400,

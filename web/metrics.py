@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from inference.config import Config
+from service.config import Config
 from web.request_log import RequestLog
 from web.runtime import Runtime
 

@@ -10,11 +10,11 @@ import time
 
 from flask import Blueprint, g, jsonify, request
 
-from inference.config import Config
-from inference.errors import Loading, NotFound, ServiceError
-from inference.jobs import Done
+from inference.runtime.jobs import Done
+from service.config import Config
+from service.errors import Loading, ServiceError
 from web import relay, validation
-from web.errors import status_of
+from web.errors import NotFound, status_of
 from web.openai_request import parse_completion_request
 from web.relay import sse_frame
 from web.runtime import Runtime

@@ -9,7 +9,7 @@ OpenAI's 1: answers from a small model are better, and repeatable, unless a tool
 
 from __future__ import annotations
 
-from inference.errors import InvalidRequest
+from service.errors import InvalidRequest
 from web import validation
 from web.validation import ChatRequest
 

@@ -17,8 +17,10 @@ from typing import Protocol
 
 from flask import Response
 
-from inference.config import Config
-from inference.errors import (
+from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling
+from inference.runtime.worker import Worker
+from service.config import Config
+from service.errors import (
     Cancelled,
     InvalidRequest,
     Loading,
@@ -27,8 +29,6 @@ from inference.errors import (
     ServiceError,
     Timeout,
 )
-from inference.jobs import Delta, Done, Event, Failed, Job, Sampling
-from inference.worker import Worker
 from web.errors import status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime

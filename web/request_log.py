@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from inference.errors import ServiceError
-from inference.jobs import Done
+from inference.runtime.jobs import Done
+from service.errors import ServiceError
 
 log = logging.getLogger("deskchat.http")
 

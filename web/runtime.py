@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from inference.grammar import SchemaCompiler
-from inference.prompt import PromptBuilder
-from inference.threads import ThreadGovernor
-from inference.worker import Worker
+from inference.host.threads import ThreadGovernor
+from inference.runtime.grammar import SchemaCompiler
+from inference.runtime.prompt import PromptBuilder
+from inference.runtime.worker import Worker
 from web.keys import KeyRing
 
 
@@ -21,7 +21,7 @@ class Runtime:
     grammars: SchemaCompiler | None = None  # JSON schemas -> token masks
     keys: KeyRing = field(default_factory=KeyRing)
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
-    cpu: dict | None = None  # inference.cpu.Plan.as_dict(): the CPU's paths, for /health
+    cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
 
     @property

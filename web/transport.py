@@ -28,7 +28,7 @@ from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest, Error
 
-from inference.config import Config
+from service.config import Config
 
 # waitress checks its timeouts this often (seconds; its own default is 30)
 MAINTENANCE_INTERVAL_S = 1

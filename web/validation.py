@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from inference.errors import InvalidRequest
+from service.errors import InvalidRequest
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 200

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from inference.errors import PayloadTooLarge
+from service.errors import PayloadTooLarge
 
 
 def read_only(tokenizer) -> None:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inference.errors import Internal, InvalidRequest
+from service.errors import Internal, InvalidRequest
 
 if TYPE_CHECKING:
     import torch

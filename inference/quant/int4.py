@@ -3,7 +3,7 @@
 Weights are quantized group-wise (group of 64 along the input dimension), asymmetric,
 round-to-nearest, and packed once at load time; activations are cast to bf16 for the kernel
 and back. This module owns the packing format and nothing else: which layers get it is
-decided in inference/quantize.py.
+decided in inference/loading/checkpoint.py.
 """
 
 from __future__ import annotations

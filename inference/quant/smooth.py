@@ -7,7 +7,7 @@ weight's column j multiplied by s_j, folded into the preceding RMSNorm weight (q
 gate/up, lm_head) or into up_proj's rows (down_proj): the float model computes exactly the
 same function, and the int8 one loses much less. s_j = max|x_j|^a / max|W_:,j|^(1-a), with
 max|x_j| from one short calibration text. This module owns the arithmetic; the loader
-(inference/quantize.py) decides when to call it.
+(inference/loading/checkpoint.py) decides when to call it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from torch import nn
 log = logging.getLogger("deskchat.smooth")
 
 # Measured on SmolLM2 (KL to fp32 over 5 greedy answers): 0.76 at 0.5, 0.42 at 0.65, 0.48 at 0.8.
-# With one activation scale per row (inference/rowint8.py), the mean KL of the next-token
+# With one activation scale per row (inference/quant/rowint8.py), the mean KL of the next-token
 # distribution to fp32's, teacher-forced over 7 fp32 answers (219 tokens): 0.0168 at 0.5,
 # 0.0181 at 0.65, 0.0417 at 0.8 (torch.ao int8 at 0.65: 0.190); through the served forward
-# (inference/decoder.py), first tokens of 10 questions: top-1 8/10 at 0.5, 10/10 at 0.65 (the
+# (inference/model/decoder.py), first tokens of 10 questions: top-1 8/10 at 0.5, 10/10 at 0.65 (the
 # "capital of France" near-tie went to "L'Étoile..." at 0.5). One alpha for both paths.
 ALPHA = 0.65
 

@@ -17,14 +17,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.cpu_list import cpu_list_problem
+
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
 QUANTIZE_CHOICES = ("auto", "none", "int8", "int8-row", "int4")
 INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-GC_POLICIES = ("python", "idle")  # inference/host.py applies them
-THREAD_POLICIES = ("adaptive", "fixed")  # inference/threads.py
+GC_POLICIES = ("python", "idle")  # inference/host/process.py applies them
+THREAD_POLICIES = ("adaptive", "fixed")  # inference/host/threads.py
 
 
 def physical_cores() -> int:
@@ -40,8 +42,6 @@ def default_cache_dir() -> Path:
 
 
 def _cpu_list(text: str) -> str | None:
-    from inference.host import cpu_list_problem
-
     return cpu_list_problem(text)
 
 

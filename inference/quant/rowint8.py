@@ -18,7 +18,7 @@ served the same bits but ran its reference kernel (45 ms per call) on any CPU wi
 with AMX it cost up to 20 us more per call at 1-4 rows and was faster from 16 rows
 (python -m bench.int8_kernels, README "Speed"). The ops are
 internal to torch, so `available()` checks at load that they exist and are exact and
-batch-invariant here; the loader (inference/quantize.py) falls back to the torch.ao Linear
+batch-invariant here; the loader (inference/loading/checkpoint.py) falls back to the torch.ao Linear
 when not.
 
 q/k/v and gate/up are fused (one weight, one scaling of the input, one GEMM) behind
@@ -36,6 +36,8 @@ import warnings
 
 import torch
 from torch import nn
+
+from inference.quant.weights import ROWS_PER_CHUNK, per_row_int8
 
 log = logging.getLogger("deskchat.rowint8")
 
@@ -56,28 +58,12 @@ def scale_rows(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]
     return x.div(scale).round_(), scale
 
 
-# Weight rows quantized at a time: the float temporaries stay a few MB.
-ROWS_PER_CHUNK = 4096
-
-
 def quantize_weight(
     weight: torch.Tensor, column_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [N, K], float32 scale [N]): symmetric, one scale per output channel, of the
-    weight with its columns multiplied by `column_scale` first (in float32, a chunk at a
-    time, so a big block never exists whole in float32)."""
-    n = weight.shape[0]
-    q = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(n, dtype=torch.float32)
-    for start in range(0, n, ROWS_PER_CHUNK):
-        rows = slice(start, start + ROWS_PER_CHUNK)
-        w = weight.detach()[rows].to(torch.float32, copy=True)
-        if column_scale is not None:
-            w.mul_(column_scale)
-        s = torch.linalg.vector_norm(w, float("inf"), dim=1).div_(127.0).clamp_(min=1e-12)
-        q[rows] = w.div_(s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        scale[rows] = s
-    return q, scale
+    """(int8 [N, K], float32 scale [N]): symmetric in [-127, 127], one scale per output
+    channel, of the weight with its columns multiplied by `column_scale` first."""
+    return per_row_int8(weight, column_scale, divisor=127.0, low=-127, floor=1e-12)
 
 
 @contextlib.contextmanager

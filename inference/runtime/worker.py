@@ -5,7 +5,7 @@ a waiting job whose client left or whose deadline passed is taken out of the FIF
 whenever anyone looks at the queue, so it never counts against `--max-queue` nor in `depth`.
 
 The thread admits jobs in FIFO order while fewer than `max_batch` run and their KV caches
-fit in the memory budget, then steps all running jobs together (inference/engine.py). Between
+fit in the memory budget, then steps all running jobs together (runtime/engine.py). Between
 steps each job's cancel flag and deadline are read: a job that finishes, is cancelled or
 times out leaves the batch at once, the others go on. Every job ends with exactly one terminal
 item on its reply queue. An exception inside the engine becomes an Internal error for the
@@ -22,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inference.errors import (
+from inference.host.process import between_jobs  # latency (issue 11): GC between jobs
+from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
+from service.errors import (
     Cancelled,
     Internal,
     Overloaded,
@@ -30,8 +32,6 @@ from inference.errors import (
     Timeout,
     Unavailable,
 )
-from inference.host import between_jobs  # latency (issue 11): GC between jobs
-from inference.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 
 log = logging.getLogger("deskchat.worker")
 
@@ -88,7 +88,7 @@ class Worker:
         self.capacity = max_queue
         self.max_batch = max_batch
         self.batch_memory = batch_memory  # bytes of KV cache for all running jobs; None: any
-        # Called in the thread before each step (inference/threads.py: the thread count).
+        # Called in the thread before each step (inference/host/threads.py: the thread count).
         self.pace = pace
         # The FIFO of waiting jobs. One lock guards it and `_running`: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.

@@ -3,8 +3,8 @@
 The rows of every sequence in the step (one token for each decoding job, a prefill chunk for
 a job being admitted) go through each Linear, norm and activation together, so the weights
 stream through the CPU once per step whatever the number of users; attention runs per
-sequence over that sequence's own cache (inference/kvcache.py). Nothing mixes rows except the
-Linears, and with per-row activation scales (inference/rowint8.py) those give a row the same
+sequence over that sequence's own cache (inference/model/kvcache.py). Nothing mixes rows except the
+Linears, and with per-row activation scales (inference/quant/rowint8.py) those give a row the same
 bits alone or in any batch: the answers do not depend on who else is being served.
 
 It reuses the loaded model's own modules (embedding, norms, the possibly quantized and fused
@@ -21,10 +21,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from inference import rope
-from inference.kvcache import SequenceCache
-from inference.rowint8 import FusedPart, FusedParts, RowInt8Linear
-from inference.smooth import PLAIN_NORMS
+from inference.model import rope
+from inference.model.kvcache import SequenceCache
+from inference.quant.rowint8 import FusedPart, FusedParts, RowInt8Linear
+from inference.quant.smooth import PLAIN_NORMS
 
 # RoPE variants whose table depends on the sequence length: not supported by a fixed table.
 _LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}

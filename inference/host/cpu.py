@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.config import ConfigError
+from service.config import DTYPE_CHOICES, QUANTIZE_CHOICES, ConfigError
 
 log = logging.getLogger("deskchat.cpu")
 
@@ -123,7 +124,7 @@ def choose(facts: CpuFacts) -> Paths:
     )
     engines = int8_engines(isa, facts.engines)
     # The per-row Linear runs on fbgemm (AVX2 and newer); without VNNI its rows get 7 bits,
-    # which it sums exactly where 8 would saturate (inference/rowint8.py, row_limit).
+    # which it sums exactly where 8 would saturate (inference/quant/rowint8.py, row_limit).
     row = "fbgemm" if "fbgemm" in engines else NONE
     return Paths(
         isa=isa,
@@ -242,8 +243,6 @@ def detect() -> CpuFacts:
     """The facts of this machine (read once per process)."""
     import torch
 
-    from inference.quantize import native_bf16
-
     return CpuFacts(
         flags=merge_flags(proc_flags(), cpuid_flags()),
         capability=torch.backends.cpu.get_cpu_capability(),
@@ -268,3 +267,52 @@ def use(chosen: Plan) -> None:
     if engine == "fbgemm" and "x86" in torch.backends.quantized.supported_engines:
         engine = "x86"  # torch's default where fbgemm exists: fbgemm for Linear layers
     torch.backends.quantized.engine = engine
+
+
+def native_bf16() -> bool:
+    """True when oneDNN computes bf16 natively here (AVX512-BF16 or AMX), not by emulation."""
+    import torch  # here, not at the top: the server reads its CPU plan before torch loads
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def writable_executable_memory() -> bool:
+    """False under MemoryDenyWriteExecute=yes (systemd) or prctl(PR_SET_MDWE): no mapping
+    may be writable and executable. oneDNN's bf16 kernels are JIT-compiled into such memory
+    and fail there ("could not create a primitive"); fbgemm's int8 ones map twice instead."""
+    try:
+        probe = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except OSError:
+        return False
+    probe.close()
+    return True
+
+
+def compute_dtype(quantize: str, dtype: str):
+    """The dtype of activations and of the layers left unquantized.
+
+    int8 dynamic quantization takes fp32 activations; bf16 is used only when asked for and
+    the CPU has it natively (on an AVX2-only CPU it is emulated and slower than fp32).
+    """
+    import torch
+
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if dtype == "bfloat16" and quantize == "none":
+        if not native_bf16():
+            log.warning("dtype bfloat16 asked for, but this CPU has no native bf16: using float32")
+        elif not writable_executable_memory():
+            log.warning(
+                "dtype bfloat16 asked for, but writable+executable memory is denied here "
+                "(MemoryDenyWriteExecute=), which oneDNN's bf16 kernels need: using float32"
+            )
+        else:
+            return torch.bfloat16
+    elif dtype == "bfloat16":
+        log.warning("dtype bfloat16 is only used with quantize=none: computing in float32")
+    return torch.float32

@@ -20,24 +20,6 @@ class InvalidRequest(ServiceError):
     type = "invalid_request"
 
 
-class Unauthorized(ServiceError):
-    """No API key, or not one of ours."""
-
-    type = "unauthorized"
-
-
-class NotFound(ServiceError):
-    type = "not_found"
-
-
-class MethodNotAllowed(ServiceError):
-    type = "method_not_allowed"
-
-    def __init__(self, message: str, allowed: list[str]):
-        super().__init__(message)
-        self.allowed = allowed
-
-
 class PayloadTooLarge(ServiceError):
     type = "too_large"
 
@@ -51,12 +33,6 @@ class Retryable(ServiceError):
         super().__init__(message)
         if retry_after_s is not None:
             self.retry_after_s = retry_after_s
-
-
-class TooManyFailures(Retryable):
-    """One address sent too many wrong keys within a minute."""
-
-    type = "too_many_failures"
 
 
 class Overloaded(Retryable):

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.config import EMBEDDED_MODEL, Config
-from inference.cpu import CpuUnsupported
-from inference.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
+from inference.host.cpu import CpuUnsupported
+from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
+from service.config import EMBEDDED_MODEL, Config
 
 log = logging.getLogger("deskchat.loading")
 
@@ -100,7 +100,7 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
         status("preparing the embedded model")
         return ModelChoice(_embedded(config.cache_dir), EMBEDDED_NAME)
 
-    from inference.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
+    from inference.loading.download import ModelNotFound, ModelUnavailable, fetch_modelscope_model
 
     status(f"fetching {config.model}@{config.revision} from ModelScope")
     try:
@@ -163,11 +163,11 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference import cpu
-    from inference.engine import Engine
-    from inference.prompt import PromptBuilder, read_only, shed_build_copies
-    from inference.quantize import compute_dtype, load_quantized
-    from inference.smooth import CALIBRATION_TEXT
+    from inference.host import cpu
+    from inference.loading.checkpoint import compute_dtype, load_quantized
+    from inference.quant.smooth import CALIBRATION_TEXT
+    from inference.runtime.engine import Engine
+    from inference.runtime.prompt import PromptBuilder, read_only, shed_build_copies
 
     torch.set_num_threads(config.threads)
     plan = cpu.plan_here(config.quantize, config.int8_engine)

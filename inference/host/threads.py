@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 
-from inference.host import INFERENCE_THREAD_NAME
+from inference.host.process import INFERENCE_THREAD_NAME
 
 log = logging.getLogger("deskchat.threads")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from inference.integrity import safetensors_problem
+from inference.loading.integrity import safetensors_problem
 
 log = logging.getLogger("deskchat.download")
 PROGRESS_EVERY_S = 30.0  # a line per file being fetched, this often

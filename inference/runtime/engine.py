@@ -1,6 +1,6 @@
 """The decode loop, step by step over several jobs: open a stream, step them all, close one.
 
-Each step is one forward (inference/decoder.py) over every open stream: one token for each
+Each step is one forward (inference/model/decoder.py) over every open stream: one token for each
 stream that is decoding and, for streams still reading their prompt, the next prefill chunk,
 so a long prompt arriving costs the running streams a little per step instead of freezing
 them. Every stream keeps its own sampling (temperature, top_p, seed, stop strings, JSON
@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import torch
 
-from inference import heap, sampler
-from inference.decoder import Decoder, Segment
-from inference.jobs import Generation, Sampling
-from inference.kvcache import SequenceCache
-from inference.text import TextAssembler
+from inference.host import heap
+from inference.model.decoder import Decoder, Segment
+from inference.model.kvcache import SequenceCache
+from inference.runtime import sampler
+from inference.runtime.detokenize import TextAssembler
+from inference.runtime.jobs import Generation, Sampling
 
 # Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
 # prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
@@ -77,7 +78,7 @@ class Stream:
 
 class Engine:
     """Holds the model and the tokenizer it decodes answers with (the request handlers'
-    prompt builder shares it, inference/prompt.py)."""
+    prompt builder shares it, inference/runtime/prompt.py)."""
 
     def __init__(
         self,

@@ -11,10 +11,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inference.errors import ServiceError
+from service.errors import ServiceError
 
 if TYPE_CHECKING:
-    from inference.grammar import Grammar
+    from inference.runtime.grammar import Grammar
 
 
 @dataclass(frozen=True)
