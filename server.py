@@ -26,9 +26,9 @@ from inference.runtime.jobs import Sampling
 from inference.runtime.worker import Worker
 from service.config import Config, ConfigError, load_config
 from service.cpu_list import parse_cpu_list
+from web.access.auth import load_keys, reload_keys
+from web.access.keys import KeyFileError
 from web.app import Runtime, create_app
-from web.auth import load_keys, reload_keys
-from web.keys import KeyFileError
 from web.transport import ListenError, make_http_server, start_http_thread
 
 log = logging.getLogger("deskchat")

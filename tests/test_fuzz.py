@@ -16,8 +16,8 @@ from inference.runtime.sampler import pick
 from service.errors import InvalidRequest
 from tests.fakes import FakeEngine
 from tests.httpclient import request
-from web.chat_api import parse_chat_request
-from web.openai_request import parse_completion_request
+from web.dialects.chat_api import parse_chat_request
+from web.dialects.openai_request import parse_completion_request
 
 FIELDS = [
     *("message", "messages", "system", "max_tokens", "max_completion_tokens", "temperature"),

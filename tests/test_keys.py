@@ -11,8 +11,8 @@ import pytest
 from service.config import Config
 from tests.fakes import FakeEngine
 from tests.httpclient import request, wait_until
-from web.auth import FailureLimiter, exposure_problem, guessing_unit
-from web.keys import KeyFileError, KeyRing, parse_keys
+from web.access.auth import FailureLimiter, exposure_problem, guessing_unit
+from web.access.keys import KeyFileError, KeyRing, parse_keys
 
 KEY = "k" * 20
 OTHER = "o" * 24

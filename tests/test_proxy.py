@@ -1,4 +1,4 @@
-"""web/proxy.py: which request ids are kept, and when X-Forwarded-For names the client."""
+"""web/access/proxy.py: which request ids are kept, and when X-Forwarded-For names the client."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from service.config import ConfigError, load_config
 from tests.fakes import FakeEngine
 from tests.httpclient import chat, request
-from web.proxy import client_address, parse_networks, request_id_from
+from web.access.proxy import client_address, parse_networks, request_id_from
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,11 @@ from service.errors import (
     PayloadTooLarge,
     ServiceError,
 )
-from web import chat_api, metrics, openai_api, page
-from web.auth import Gate
+from web import metrics, page
+from web.access.auth import Gate
+from web.access.proxy import client_address, parse_networks, request_id_from
+from web.dialects import chat_api, openai_api
 from web.errors import MethodNotAllowed, NotFound, headers_of, status_of
-from web.proxy import client_address, parse_networks, request_id_from
 from web.request_log import RequestLog
 from web.runtime import Runtime
 

@@ -1,6 +1,6 @@
 """The chat page for people: `GET /` and its static files under `/assets/`, no build step.
 
-The page talks to the OpenAI-compatible route like any other client (web/openai_api.py);
+The page talks to the OpenAI-compatible route like any other client (web/dialects/openai_api.py);
 nothing here touches a job. Open without a key: it holds no data, and asks for a key when
 the API answers 401.
 """

@@ -29,10 +29,10 @@ from service.errors import (
     ServiceError,
     Timeout,
 )
+from web.dialects.validation import ChatRequest
 from web.errors import status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
-from web.validation import ChatRequest
 
 POLL_S = 0.05  # how often a waiting handler looks at its client and its job
 # A running job's deadline is enforced by the worker between tokens; this is only the

@@ -9,7 +9,7 @@ from inference.host.threads import ThreadGovernor
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.prompt import PromptBuilder
 from inference.runtime.worker import Worker
-from web.keys import KeyRing
+from web.access.keys import KeyRing
 
 
 @dataclass

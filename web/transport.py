@@ -219,7 +219,7 @@ def _bind(config: Config, app):
         cleanup_interval=MAINTENANCE_INTERVAL_S,
         ident="deskchat",
         # waitress would drop X-Forwarded-For from every peer; the app believes it only from
-        # the proxies in --trusted-proxies (web/proxy.py).
+        # the proxies in --trusted-proxies (web/access/proxy.py).
         clear_untrusted_proxy_headers=False,
     )
     dispatcher = ThreadedTaskDispatcher()

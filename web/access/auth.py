@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Mapping
 
 from service.config import Config
+from web.access.keys import KeyFileError, KeyRing, read_key_file
 from web.errors import TooManyFailures, Unauthorized
-from web.keys import KeyFileError, KeyRing, read_key_file
 
 log = logging.getLogger("deskchat.auth")
 

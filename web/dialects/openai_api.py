@@ -13,9 +13,10 @@ from flask import Blueprint, g, jsonify, request
 from inference.runtime.jobs import Done
 from service.config import Config
 from service.errors import Loading, ServiceError
-from web import relay, validation
+from web import relay
+from web.dialects import validation
+from web.dialects.openai_request import parse_completion_request
 from web.errors import NotFound, status_of
-from web.openai_request import parse_completion_request
 from web.relay import sse_frame
 from web.runtime import Runtime
 

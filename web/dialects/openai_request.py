@@ -10,8 +10,8 @@ OpenAI's 1: answers from a small model are better, and repeatable, unless a tool
 from __future__ import annotations
 
 from service.errors import InvalidRequest
-from web import validation
-from web.validation import ChatRequest
+from web.dialects import validation
+from web.dialects.validation import ChatRequest
 
 MAX_MODEL_CHARS = 256
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -12,11 +12,12 @@ from flask import Blueprint, g, jsonify, request
 from inference.runtime.jobs import Done
 from service.config import Config
 from service.errors import InvalidRequest, ServiceError
-from web import relay, validation
+from web import relay
+from web.dialects import validation
+from web.dialects.validation import ROLES, ChatRequest
 from web.errors import status_of
 from web.relay import sse_frame
 from web.runtime import Runtime
-from web.validation import ROLES, ChatRequest
 
 FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p", "stream"}
 FIELDS |= {"stop", "seed", "format"}

@@ -1,7 +1,7 @@
 """Checking request bodies: the named limits and the field checks every dialect shares.
 
 Each check raises InvalidRequest naming the field (`param`) and the problem. What a body may
-contain is each dialect's own business (web/chat_api.py, web/openai_request.py); what one
+contain is each dialect's own business (dialects/chat_api.py, dialects/openai_request.py); what one
 field may hold, and into which ChatRequest it turns, is decided here once.
 """
 
