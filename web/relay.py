@@ -17,6 +17,7 @@ from typing import Protocol
 
 from flask import Response
 
+from inference.runtime.budget import answer_budget
 from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling
 from inference.runtime.worker import Worker
 from service.config import Config
@@ -59,9 +60,13 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system)
     runtime.prompts.check_fits(len(prompt_ids))
     admit(len(prompt_ids), config, runtime.worker)
-    wanted = chat_request.max_tokens or config.max_tokens_default
     sampling = Sampling(
-        max_tokens=min(wanted, config.max_tokens_cap),  # the engine also bounds it by context
+        max_tokens=answer_budget(
+            len(prompt_ids),
+            chat_request.max_tokens or config.max_tokens_default,
+            runtime.prompts.context_tokens,
+            cap=config.max_tokens_cap,
+        ),
         temperature=chat_request.temperature,
         top_p=chat_request.top_p,
         stop=chat_request.stop,

@@ -122,8 +122,8 @@ class Decoder:
             projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         return all(isinstance(p, (RowInt8Linear, FusedPart)) for p in projections)
 
-    def new_cache(self, max_tokens: int) -> SequenceCache:
-        return SequenceCache(len(self.layers), self.kv_heads, self.head_dim, max_tokens, self.dtype)
+    def new_cache(self, capacity: int) -> SequenceCache:
+        return SequenceCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype)
 
     def bytes_per_token(self) -> int:
         return SequenceCache.bytes_per_token(

@@ -2,19 +2,20 @@
 
 Each running job owns one, so a job that leaves the batch frees exactly its own memory and
 the others' caches are never copied, padded or re-laid out. The buffer grows by doubling (a
-copy per doubling, amortized), in steps of GROW_TOKENS, never past the job's own bound.
+copy per doubling, amortized), in steps of GROW_TOKENS, never past the job's own capacity
+(its prompt plus the most answer tokens its budget allows: inference/runtime/budget.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-GROW_TOKENS = 256  # capacity is a multiple of this; short answers never grow at all
+GROW_TOKENS = 256  # allocations are multiples of this; short answers never grow at all
 
 
 class SequenceCache:
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_tokens: int, dtype):
-        self.max_tokens = max_tokens  # the job's prompt + answer bound
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype):
+        self.capacity = capacity  # positions this job may ever fill: prompt + answer budget
         self.length = 0  # positions filled (the same in every layer once a forward is done)
         self._shape = (layers, 2, kv_heads, 0, head_dim)
         self._dtype = dtype
@@ -25,7 +26,8 @@ class SequenceCache:
         return layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
-    def capacity(self) -> int:
+    def allocated(self) -> int:
+        """Positions the buffer has room for now (grows up to `capacity`)."""
         return self._buf.shape[3]
 
     @property
@@ -35,12 +37,12 @@ class SequenceCache:
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` more positions (called once per forward, before any layer)."""
         need = self.length + tokens
-        if need > self.max_tokens:
-            raise ValueError(f"cache bound {self.max_tokens} exceeded ({need} positions)")
-        if need <= self.capacity:
+        if need > self.capacity:
+            raise ValueError(f"cache capacity {self.capacity} exceeded ({need} positions)")
+        if need <= self.allocated:
             return
-        grown = max(need, 2 * self.capacity, GROW_TOKENS)
-        grown = min(-(-grown // GROW_TOKENS) * GROW_TOKENS, self.max_tokens)
+        grown = max(need, 2 * self.allocated, GROW_TOKENS)
+        grown = min(-(-grown // GROW_TOKENS) * GROW_TOKENS, self.capacity)
         layers, _, heads, _, dim = self._shape
         buf = torch.empty((layers, 2, heads, grown, dim), dtype=self._dtype)
         buf[:, :, :, : self.length] = self._buf[:, :, :, : self.length]

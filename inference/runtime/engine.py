@@ -22,6 +22,7 @@ from inference.host import heap
 from inference.model.decoder import Decoder, Segment
 from inference.model.kvcache import SequenceCache
 from inference.runtime import sampler
+from inference.runtime.budget import answer_budget
 from inference.runtime.detokenize import TextAssembler
 from inference.runtime.jobs import Generation, Sampling
 
@@ -44,7 +45,7 @@ class Stream:
     def __init__(self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache):
         self.prompt_ids = prompt_ids
         self.sampling = sampling
-        self.budget = budget  # tokens it may still produce, bounded by the context
+        self.budget = budget  # the most answer tokens (inference/runtime/budget.py)
         self.text: TextAssembler = text
         self.cache: SequenceCache | None = cache
         self.generator = _generator(sampling.seed)
@@ -111,16 +112,13 @@ class Engine:
 
     # -- one job's life ---------------------------------------------------------------------
 
-    def _budget(self, prompt_tokens: int, max_tokens: int) -> int:
-        return max(0, min(max_tokens, self.context_tokens - prompt_tokens))
-
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most KV cache memory a job of this size can take (the worker's admission)."""
-        tokens = prompt_tokens + self._budget(prompt_tokens, max_tokens)
+        tokens = prompt_tokens + answer_budget(prompt_tokens, max_tokens, self.context_tokens)
         return tokens * self.decoder.bytes_per_token()
 
     def open(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
-        budget = self._budget(len(prompt_ids), sampling.max_tokens)
+        budget = answer_budget(len(prompt_ids), sampling.max_tokens, self.context_tokens)
         cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
         stream = Stream(
             prompt_ids, sampling, budget, TextAssembler(self.tokenizer, sampling.stop), cache
@@ -158,7 +156,7 @@ class Engine:
         if reuse <= 0:
             return None
         cache.crop(reuse)
-        cache.max_tokens = max(bound, reuse)
+        cache.capacity = max(bound, reuse)
         return cache
 
     # -- the step ---------------------------------------------------------------------------

@@ -1,0 +1,19 @@
+"""A request's token budget, decided here once: how many answer tokens it may produce.
+
+The request asks (its `max_tokens`, else the server's default), the server caps it
+(`--max-tokens-cap`), and the context bounds it: the prompt plus the answer must fit the
+model's positions. The relay decides it at admission; the engine sizes the stream and its
+KV cache (`SequenceCache.capacity`) from the same function, and the worker reserves memory
+for exactly that.
+"""
+
+from __future__ import annotations
+
+
+def answer_budget(
+    prompt_tokens: int, wanted: int, context_tokens: int, cap: int | None = None
+) -> int:
+    """The most answer tokens: `wanted`, at most `cap`, at most what the context leaves."""
+    if cap is not None:
+        wanted = min(wanted, cap)
+    return max(0, min(wanted, context_tokens - prompt_tokens))
