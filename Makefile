@@ -44,7 +44,7 @@ bench-peer: install
 	  $(PY) -m pip install --quiet --no-cache-dir -r requirements-peer.txt
 	$(PY) -m bench --model qwen-shape --peer llamacpp
 
-# The latency table (README 'Steady latency'): every setting x every condition, ~45 min.
+# The latency table (docs/latency.md): every setting x every condition, ~45 min.
 bench-latency: install
 	$(PY) -m bench --latency --json latency.json
 

@@ -110,7 +110,7 @@ class Config:
     thread_policy: str = _setting(
         "adaptive",
         "adaptive (one inference thread while other programs keep the CPUs busy, --threads "
-        "otherwise) or fixed (always --threads); README 'Steady latency'.",
+        "otherwise) or fixed (always --threads); docs/latency.md.",
         choices=THREAD_POLICIES,
     )
     quantize: str = _setting(
@@ -119,13 +119,13 @@ class Config:
         "int8; none where no int8 kernel runs), none (float), int8-row (per-row activation "
         "scales: batch-invariant answers, closest to float; needed for --max-batch above 1), "
         "int8 (torch.ao dynamic, one scale per forward, smoothed) or int4 "
-        "(weight-only); README 'Speed' and 'Old CPUs' have each one's measured effect.",
+        "(weight-only); docs/speed.md and docs/old-cpus.md have each one's measured effect.",
         choices=QUANTIZE_CHOICES,
     )
     int8_engine: str = _setting(
         "auto",
-        "Kernel of the int8 Linears: auto (the fastest known to work on this CPU; README "
-        "'Old CPUs'), fbgemm (AVX2 and newer), onednn (AVX and newer) or qnnpack (SSE4.2); "
+        "Kernel of the int8 Linears: auto (the fastest known to work on this CPU; "
+        "docs/old-cpus.md), fbgemm (AVX2 and newer), onednn (AVX and newer) or qnnpack (SSE4.2); "
         "one this CPU cannot run is refused at start.",
         choices=INT8_ENGINE_CHOICES,
     )
@@ -138,7 +138,7 @@ class Config:
     prefix_cache: bool = _setting(
         False,
         "Reuse the last prompt's KV cache when the next prompt continues that conversation "
-        "(off: it slows fresh prompts more than it speeds follow-ups; README 'Speed').",
+        "(off: it slows fresh prompts more than it speeds follow-ups; docs/speed.md).",
     )
     max_queue: int = _setting(
         4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000
@@ -146,8 +146,8 @@ class Config:
     max_batch: int = _setting(
         4,
         "Jobs generated side by side in one batch (continuous batching; needs int8-row, which "
-        "auto serves from AVX2 on, else one job at a time); 1 runs one job at a time. README "
-        "'Several users at once' has the measured curve.",
+        "auto serves from AVX2 on, else one job at a time); 1 runs one job at a time. "
+        "docs/batching.md has the measured curve.",
         1,
         64,
     )
@@ -214,7 +214,7 @@ class Config:
         None,
         "CPUs for the inference thread and its OpenMP threads, as a list like 1 or 0-1,3; "
         "the HTTP threads keep off them where other CPUs are left; --threads is capped at "
-        "their number. Empty: no pinning (README 'Steady latency').",
+        "their number. Empty: no pinning (docs/latency.md).",
         check=_cpu_list,
     )
     mlock: bool = _setting(

@@ -165,7 +165,7 @@ def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypat
     from inference.quant import rowint8
 
     if not rowint8.available():
-        pytest.skip("no per-row int8 Linear on this CPU (README 'Old CPUs')")
+        pytest.skip("no per-row int8 Linear on this CPU (docs/old-cpus.md)")
     monkeypatch.setattr(int8_kernels, "SHAPES", {"small": (64, 32)})
     assert int8_kernels.main(["--threads", "1", "--rows", "1,3", "--calls", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

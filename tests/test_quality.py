@@ -19,7 +19,7 @@ LOGIT_TOLERANCE = 2.0
 MAX_MEAN_KL = 0.05
 MIN_TOP1_AGREEMENT = 0.92
 # llama.cpp Q4_K_M of the same weights on bench/quality_texts (3549 positions), measured by
-# `python -m bench.quality --peer llamacpp` (README "Speed"): the served default must be no
+# `python -m bench.quality --peer llamacpp` (docs/speed.md): the served default must be no
 # worse on either figure (issue 10). Its own: 0.0231 and 90.8%; llama.cpp Q8_0 0.0055, 94.5%.
 LLAMACPP_Q4_K_M_KL = 0.0721
 LLAMACPP_Q4_K_M_TOP1 = 0.838

@@ -37,7 +37,7 @@ REJECTION_REASONS = ("overloaded", "loading", "unavailable", "unauthorized", "to
 CANCEL_STAGES = ("queued", "running")
 UNMATCHED_ROUTE = "other"  # 404s and 405s: never the raw path, which anyone can vary
 
-# Buckets in seconds, from the figures measured on the 2-core build machine (README "Speed"
+# Buckets in seconds, from the figures measured on the 2-core build machine (docs/speed.md
 # and "Metrics"): first token 43 ms (SmolLM2) to 67/110 ms p50/p90 (Qwen int8), about 100 ms
 # through HTTP, 0.2-0.7 s with int4, bf16 or fp32, seconds for a prompt near the 4096-token
 # context or a CPU shared with other work (p90 3.4 s seen).

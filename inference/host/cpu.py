@@ -3,7 +3,7 @@
 Old office PCs lack AVX2 (Sandy/Ivy Bridge) or even AVX (Nehalem/Westmere), and a kernel that
 uses a missing instruction kills the process with SIGILL, no log line. So the paths are
 chosen from the CPU's flags before anything runs, from what was seen to work under
-`qemu-x86_64 -cpu MODEL` (README "Old CPUs"). `choose()` is pure (flags in, paths out) so
+`qemu-x86_64 -cpu MODEL` (docs/old-cpus.md). `choose()` is pure (flags in, paths out) so
 tests can fake every generation; `detect()` reads this machine. It knows nothing of models.
 """
 
@@ -104,7 +104,7 @@ def int8_engines(isa: str, engines: tuple[str, ...]) -> list[str]:
     """torch.ao int8 engines that work on `isa`, fastest first. fbgemm needs AVX2; oneDNN's
     dynamic int8 Linear died with SIGILL under `qemu -cpu Nehalem` (SSE4.2) and worked under
     `-cpu SandyBridge`; qnnpack (SSE2 kernels) worked on both. With AVX only, qnnpack
-    decoded faster than oneDNN (which prefills faster): README "Old CPUs". Nothing was
+    decoded faster than oneDNN (which prefills faster): docs/old-cpus.md. Nothing was
     tried older than SSE4.2 (the pinned numpy does not even import there): fp32."""
     order = {
         "avx512": ("fbgemm", "onednn", "qnnpack"),
@@ -133,7 +133,7 @@ def choose(facts: CpuFacts) -> Paths:
         int8_engines=tuple(engines),
         int8_row=row,
         # Correct under qemu Nehalem and SandyBridge, but without AVX2 ATen's kernel is its
-        # DEFAULT build: decode 5-8x, prefill ~30x slower than fp32 there (README "Old CPUs")
+        # DEFAULT build: decode 5-8x, prefill ~30x slower than fp32 there (docs/old-cpus.md)
         int4=NONE if isa == OLDER else "aten" if isa in ("avx512", "avx2") else "aten-default",
         bf16="native" if facts.bf16_native else NONE,
         attention=f"fp32 ({facts.capability.upper()} kernels)",
@@ -184,7 +184,7 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
         paths = dataclasses.replace(paths, int8=int8_engine)
     if requested == DEFAULT_QUANTIZE:
         # Per-row int8 where it runs: as fast as torch.ao's at one row (1.02x its decode step),
-        # closer to float, and the same answer alone or in a batch (README "Speed").
+        # closer to float, and the same answer alone or in a batch (docs/speed.md).
         row = paths.int8_row != NONE
         best = "int8-row" if row else "int8" if paths.int8 != NONE else NONE
         return Plan(paths, requested, best)

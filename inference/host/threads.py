@@ -2,7 +2,7 @@
 
 Why: a step's matrix work is split over the OpenMP threads, which meet after every op; when
 other programs keep the CPUs busy, one of them is often descheduled and the whole token waits
-for it (README, "Steady latency", has the measured cost, and what one thread saves). So
+for it (docs/latency.md, has the measured cost, and what one thread saves). So
 before a step the inference thread looks, at most once a second, at how long each of its
 threads waited for a CPU (the run-queue delay the kernel keeps per thread in
 /proc/self/task/TID/schedstat): if any waited a large share of the span, the next steps run

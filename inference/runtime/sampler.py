@@ -1,7 +1,7 @@
 """The next token from a row of logits: greedy, or temperature with nucleus (top_p) sampling.
 
 Why not sort the whole vocabulary for top_p: on Qwen's 151936 tokens a sampled token took
-22.3 ms with top_p and 5.5 without, half a decode step (README, "Speed"). The nucleus is
+22.3 ms with top_p and 5.5 without, half a decode step (docs/speed.md). The nucleus is
 looked for among the TOP_CANDIDATES most likely tokens first, and all are sorted only when it
 reaches past them.
 The draw is the exponential race torch's multinomial (one sample) also runs, without its
