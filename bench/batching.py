@@ -1,6 +1,6 @@
 """--batch-curve: the server with the batch off and at given sizes, 1..N clients each.
 
-For each `--max-batch` value it starts `server.py` on the model (bench/latency.py's Server:
+For each `--max-batch` value it starts `server.py` on the model (bench/launcher.py's Server:
 a loopback port, its log in a temporary folder), waits until it is ready, runs `--http`
 with 1, 2, 4, 8 clients one after the other, and then a long-prompt probe: while three
 clients stream long answers, one request with a prompt of about 1,000 tokens arrives; the
@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 from bench.http_client import chat_once, gaps_ms, run_http
-from bench.latency import Server, Setting
+from bench.launcher import Server, Setting
 from bench.stats import percentile
 
-ROOT = Path(__file__).resolve().parent.parent
 LONG_PROMPT = [
     {
         "role": "user",

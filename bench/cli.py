@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.models import resolve_model
 from bench.peer_llamacpp import PEERS
 from bench.prompts import CORE, PROMPTS
 from bench.stats import SUMMARY_KEYS, percentile, summarize
@@ -66,21 +67,6 @@ class Child:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:
-    if spec == "embedded":
-        from inference.loading.embedded import embedded_model_dir
-
-        return embedded_model_dir(cache_dir)
-    if spec == "qwen-shape":
-        from bench.qwen_shape import fixture_dir, qwen_shape_dir
-
-        return qwen_shape_dir(cache_dir, fixture_dir(fixture))
-    path = Path(spec).expanduser()
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"--model {spec}: not a Hugging Face model folder (no config.json)")
-    return path
 
 
 def prompt_ids(model_dir: Path) -> dict[str, list[int]]:

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from inference.host.process import apply_gc_policy, between_jobs
     from inference.loading.assemble import ModelChoice, load_model
     from inference.runtime.jobs import Sampling

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from bench.peer_llamacpp import LlamaCppSide, PeerMissing, ensure_ggufs
     from bench.step_jitter import engine_and_prompt
     from inference.model.decoder import Segment

@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from bench.cli import resolve_model
+from bench.models import resolve_model
 from bench.prompts import CORE, PROMPTS
 
 # Long enough for 64 tokens of output from any model: free text inside a bounded structure.

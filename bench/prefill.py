@@ -15,21 +15,10 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from bench.models import resolve_model
 
 FILLER = "The quarterly report lists every printer, its toner level and the room it is in. "
-
-
-def model_folder(name: str, cache_dir: Path) -> Path:
-    if name == "embedded":
-        from inference.loading.embedded import embedded_model_dir
-
-        return embedded_model_dir(cache_dir)
-    if name == "qwen-shape":
-        from bench.qwen_shape import fixture_dir, qwen_shape_dir
-
-        return qwen_shape_dir(cache_dir, fixture_dir())
-    return Path(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_dir:
         env["DESKCHAT_CACHE_DIR"] = args.cache_dir
     config = load_config([], env)
-    folder = model_folder(args.model, config.cache_dir)
+    folder = resolve_model(args.model, config.cache_dir, None)
     engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
     warm_up = prompts.encode([{"role": "user", "content": "Hi"}])
     engine.run(warm_up, Sampling(max_tokens=1), lambda _t: None, lambda: False)

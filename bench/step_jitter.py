@@ -19,13 +19,13 @@ import os
 import time
 from pathlib import Path
 
-from bench.latency import summary
+from bench.stats import summary
 
 
 def engine_and_prompt(model: str, threads: int | None) -> tuple:
     """(engine, prompt ids, threads): the server's engine on `model` with its settings (the
     thread count replaced when given), answers never ending early, and one coding question."""
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from inference.loading.assemble import ModelChoice, load_model
     from service.config import load_config
 
