@@ -21,6 +21,8 @@ from pathlib import Path
 
 from bench.http_client import chat_once, gaps_ms, run_http
 from bench.launcher import Server, Setting
+from bench.models import resolve_model
+from bench.prompts import PROMPTS
 from bench.stats import percentile
 
 LONG_PROMPT = [
@@ -135,3 +137,17 @@ def format_table(report: dict) -> str:
         gaps = f"{p['gap_ms_p50_during']} / {p['gap_ms_p99_during']} ({p['gaps_during']} gaps)"
         lines.append(f"| {p['max_batch']} | {p['long_ttft_ms']} | {gaps} | {p['peak_rss_mb']} |")
     return "\n".join(lines)
+
+
+def run(args, config) -> dict:
+    """`python -m bench --batch-curve`: the curve on --model, its tables printed."""
+    model_dir = resolve_model(args.model, config.cache_dir, args.fixture)
+    batches = [int(b) for b in args.batches.split(",")]
+    clients = [int(c) for c in args.client_counts.split(",")]
+    print(
+        f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
+        f"{args.max_tokens} tokens per client; load {os.getloadavg()[0]:.2f}"
+    )
+    report = run_curve(model_dir, config.cache_dir, batches, clients, args.rounds, args.max_tokens)
+    print(format_table(report))
+    return report

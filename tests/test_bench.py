@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from bench.cli import build_parser, format_table, side_report
+from bench.cli import build_parser
 from bench.qwen_shape import FixtureMissing, qwen_shape_dir
+from bench.side_by_side import format_table, side_report
 from bench.stats import SUMMARY_KEYS, percentile
 
 
@@ -85,10 +86,10 @@ def test_missing_llama_cpp_is_a_clear_error(monkeypatch):
 def test_bench_without_llama_cpp_exits_with_the_install_hint(monkeypatch, tmp_path, capsys):
     import sys
 
-    from bench import cli
+    from bench import cli, side_by_side
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    monkeypatch.setattr(cli, "resolve_model", lambda *_a: tmp_path)
+    monkeypatch.setattr(side_by_side, "resolve_model", lambda *_a: tmp_path)
     assert cli.main(["--model", str(tmp_path), "--peer", "llamacpp"]) == 2
     assert "pip install -r requirements-peer.txt" in capsys.readouterr().err
 
