@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--latency" in argv:  # its own options: bench/latency.py
-        from bench import latency
+    if "--latency" in argv:  # its own options: bench/serving/latency.py
+        from bench.serving import latency
 
         return latency.main([a for a in argv if a != "--latency"])
     args = build_parser().parse_args(argv)
@@ -73,16 +73,16 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config([], os.environ)
     if args.http:
-        from bench.http_client import run_http
+        from bench.serving.http_client import run_http
 
         report = run_http(args.http, args.clients, args.rounds, args.max_tokens)
         print(json.dumps(report, indent=2))
     elif args.batch_curve:
-        from bench import batching
+        from bench.serving import batching
 
         report = batching.run(args, config)
     else:
-        from bench import side_by_side
+        from bench.compare import side_by_side
         from bench.peer_llamacpp import PeerMissing
         from bench.qwen_shape import FixtureMissing
 

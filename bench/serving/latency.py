@@ -1,7 +1,7 @@
 """`python -m bench --latency`: the spread a user feels, per server setting and per condition.
 
 For each setting (server flags, environment, priority) it starts `server.py` on a free
-loopback port, warms it up, then for each condition (bench/noise.py) sends short streamed
+loopback port, warms it up, then for each condition (bench/serving/noise.py) sends short streamed
 `POST /chat` requests one after another for `--seconds`, recording each request's time to
 the first token (TTFT) and every gap between two text events (one event per token, bar
 the odd token that completes no character). One table per run: settings x conditions, with
@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_client import chat_once, gaps_ms
 from bench.launcher import Server, Setting
 from bench.models import resolve_model
-from bench.noise import CONDITIONS, Noise
+from bench.serving.http_client import chat_once, gaps_ms
+from bench.serving.noise import CONDITIONS, Noise
 from bench.stats import QUANTILES, summary
 
 WARMUP_REQUESTS = 1

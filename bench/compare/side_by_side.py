@@ -1,5 +1,5 @@
 """`python -m bench`'s default: the engine against plain transformers (and llama.cpp with
---peer), each side in its own child process (bench/child.py), requests alternating between
+--peer), each side in its own child process (bench/compare/child.py), requests alternating between
 them; the per-side summary and the table."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ SIDES = ("engine", "baseline")
 
 
 class Child:
-    """A bench/child.py process speaking JSON lines."""
+    """A bench/compare/child.py process speaking JSON lines."""
 
     def __init__(self, side: str, model_dir: Path, threads: int, extra: tuple[str, ...] = ()):
         self.side = side
@@ -26,7 +26,7 @@ class Child:
             [
                 sys.executable,
                 "-m",
-                "bench.child",
+                "bench.compare.child",
                 "--side",
                 side,
                 "--model-dir",
@@ -38,7 +38,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],  # the repo
         )
         try:
             self.hello = self._read()

@@ -1,6 +1,6 @@
 """Prefill time against prompt length, in this process: what `--max-prompt-tokens` rests on.
 
-`python -m bench.prefill --model embedded` (or `--model qwen-shape`, or a model folder)
+`python -m bench.engine.prefill --model embedded` (or `--model qwen-shape`, or a model folder)
 loads the engine with the DESKCHAT_* settings of the environment, then runs prompts of
 growing length (a system text of repeated sentences plus one question), one answer token
 each, and prints one JSON line per length: prompt tokens, prefill (TTFT) seconds per run,
@@ -22,7 +22,7 @@ FILLER = "The quarterly report lists every printer, its toner level and the room
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.prefill", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.prefill", description=__doc__)
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--lengths", default="256,512,1024,2048,4000")

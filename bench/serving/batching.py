@@ -19,10 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-from bench.http_client import chat_once, gaps_ms, run_http
 from bench.launcher import Server, Setting
 from bench.models import resolve_model
 from bench.prompts import PROMPTS
+from bench.serving.http_client import chat_once, gaps_ms, run_http
 from bench.stats import percentile
 
 LONG_PROMPT = [
