@@ -163,7 +163,7 @@ def ensure_ggufs(
 
 
 class LlamaCppSide:
-    """One GGUF in llama.cpp, for bench/child.py."""
+    """One GGUF in llama.cpp, for bench/compare/child.py."""
 
     def __init__(self, gguf: str, threads: int, n_ctx: int = 2048):
         import numpy as np

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from service.config import load_config
 
     config = load_config([], os.environ)

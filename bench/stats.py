@@ -1,4 +1,5 @@
-"""Percentiles and the per-side summary the table and the JSON report are made of."""
+"""Percentiles, the per-side summary of the side-by-side table, and the latency summary
+(p50 ... p99.9, max, p99/p50) of a list of milliseconds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ SUMMARY_KEYS = (
     "peak_rss_mb",
     "load_s",
 )
+QUANTILES = (50, 90, 99, 99.9)  # the latency summary's
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -37,3 +39,12 @@ def summarize(runs: list[dict], peak_rss_mb: float, load_s: float) -> dict:
         "peak_rss_mb": round(peak_rss_mb, 1),
         "load_s": round(load_s, 2),
     }
+
+
+def summary(values: list[float]) -> dict:
+    """p50 ... p99.9, max and p99/p50 of a list of milliseconds."""
+    out = {f"p{q:g}": round(percentile(values, q), 1) for q in QUANTILES}
+    out["max"] = round(max(values), 1) if values else float("nan")
+    out["jitter"] = round(out["p99"] / out["p50"], 2) if values and out["p50"] else float("nan")
+    out["n"] = len(values)
+    return out

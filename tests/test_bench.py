@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from bench.cli import build_parser, format_table, side_report
+from bench.cli import build_parser
+from bench.compare.side_by_side import format_table, side_report
 from bench.qwen_shape import FixtureMissing, qwen_shape_dir
 from bench.stats import SUMMARY_KEYS, percentile
 
@@ -86,9 +87,10 @@ def test_bench_without_llama_cpp_exits_with_the_install_hint(monkeypatch, tmp_pa
     import sys
 
     from bench import cli
+    from bench.compare import side_by_side
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    monkeypatch.setattr(cli, "resolve_model", lambda *_a: tmp_path)
+    monkeypatch.setattr(side_by_side, "resolve_model", lambda *_a: tmp_path)
     assert cli.main(["--model", str(tmp_path), "--peer", "llamacpp"]) == 2
     assert "pip install -r requirements-peer.txt" in capsys.readouterr().err
 
@@ -117,7 +119,7 @@ def keep_threads():
 
 
 def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, keep_threads):
-    from bench import step_jitter
+    from bench.engine import step_jitter
 
     args = ["--model", str(embedded_dir), "--threads", "1", "--answers", "2", "--max-tokens", "6"]
     assert step_jitter.main(args) == 0
@@ -129,7 +131,7 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, ke
 
 
 def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, capsys, keep_threads):
-    from bench import step_profile
+    from bench.engine import step_profile
 
     args = ["--model", str(embedded_dir), "--threads", "1", "--batch", "1,3", "--steps", "3"]
     assert step_profile.main(args) == 0
@@ -150,7 +152,7 @@ def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, caps
 
 
 def test_step_profile_categories():
-    from bench.step_profile import category
+    from bench.engine.step_profile import category
 
     assert category("quantized::linear_with_input_q_dq_qweight_dq_output_fp32") == "int8 GEMM"
     assert category("aten::scaled_dot_product_attention") == "attention"
@@ -161,7 +163,7 @@ def test_step_profile_categories():
 
 
 def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypatch, keep_threads):
-    from bench import int8_kernels
+    from bench.engine import int8_kernels
     from inference.quant import rowint8
 
     if not rowint8.available():
@@ -218,10 +220,10 @@ def test_the_default_bench_runs_both_sides_and_prints_the_table(embedded_dir, tm
 def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
     embedded_dir, monkeypatch, keep_threads
 ):
-    """bench.gemm_floor's GEMMs-alone figure: the same packed weights a one-row forward
+    """bench.engine.gemm_floor's GEMMs-alone figure: the same packed weights a one-row forward
     multiplies by, as many calls, each on a row of that weight's input width."""
-    from bench.gemm_floor import step_products
-    from bench.step_jitter import engine_and_prompt
+    from bench.engine.gemm_floor import step_products
+    from bench.engine.step_jitter import engine_and_prompt
     from inference.model.decoder import Segment
     from inference.quant import rowint8
 

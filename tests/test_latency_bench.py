@@ -1,4 +1,4 @@
-"""bench/latency.py and bench/noise.py: what they record, start and stop (no timing asserts)."""
+"""bench/serving/latency.py and noise.py: what they record, start and stop (no timing asserts)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import latency, noise
+from bench import stats
+from bench.serving import latency, noise
 from tests.fakes import FakeEngine
 
 
@@ -29,7 +30,7 @@ def test_measure_counts_requests_and_errors(fake_server) -> None:
 
 
 def test_summary_quantiles_and_jitter() -> None:
-    s = latency.summary([10.0] * 98 + [30.0, 1000.0])
+    s = stats.summary([10.0] * 98 + [30.0, 1000.0])
     assert s["p50"] == 10 and s["max"] == 1000 and s["n"] == 100
     assert s["jitter"] == pytest.approx(s["p99"] / 10, abs=0.01)
     assert set(s) == {"p50", "p90", "p99", "p99.9", "max", "jitter", "n"}
@@ -47,8 +48,8 @@ def test_settings_combine_and_describe() -> None:
 
 def _report(label: str) -> dict:
     cell = {
-        "ttft_ms": latency.summary([50.0, 60.0]),
-        "gap_ms": latency.summary([20.0, 21.0, 40.0]),
+        "ttft_ms": stats.summary([50.0, 60.0]),
+        "gap_ms": stats.summary([20.0, 21.0, 40.0]),
         "errors": 0,
         "loadavg_1m": [0.5, 1.5],
         "noise": "cpu",

@@ -90,7 +90,7 @@ class Decoder:
         self.scaling = attn.scaling
         self.dtype = body.norm.weight.dtype
         # One fused op per norm and per rotation where the model allows: a one-row decode
-        # step pays per op dispatched (python -m bench.step_profile), not per value.
+        # step pays per op dispatched (python -m bench.engine.step_profile), not per value.
         norms = [body.norm] + [n for lay in self.layers for n in _layer_norms(lay)]
         self.fused_norms = self.dtype == torch.float32 and all(
             type(n).__name__ in PLAIN_NORMS for n in norms
@@ -158,7 +158,7 @@ class Decoder:
 
     def step_linears(self) -> list[RowInt8Linear]:
         """The per-row int8 Linears a one-row step multiplies by, in order (none unless the
-        projections are fused): what bench.gemm_floor times alone."""
+        projections are fused): what bench.engine.gemm_floor times alone."""
         if self._fused is None:
             return []
         parts = [(p.qkv, p.o_proj, p.gate_up, p.down) for p in self._fused]

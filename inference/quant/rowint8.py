@@ -16,7 +16,7 @@ products is summed in 16 bits and 255 x 127 x 2 saturates, so rows get 7 bits th
 (`row_limit` finds out once per process by a worst-case product). oneDNN, used before,
 served the same bits but ran its reference kernel (45 ms per call) on any CPU without AMX;
 with AMX it cost up to 20 us more per call at 1-4 rows and was faster from 16 rows
-(python -m bench.int8_kernels, docs/speed.md). The ops are
+(python -m bench.engine.int8_kernels, docs/speed.md). The ops are
 internal to torch, so `available()` checks at load that they exist and are exact and
 batch-invariant here; the loader (inference/loading/checkpoint.py) falls back to the torch.ao Linear
 when not.

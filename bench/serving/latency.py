@@ -1,7 +1,7 @@
 """`python -m bench --latency`: the spread a user feels, per server setting and per condition.
 
 For each setting (server flags, environment, priority) it starts `server.py` on a free
-loopback port, warms it up, then for each condition (bench/noise.py) sends short streamed
+loopback port, warms it up, then for each condition (bench/serving/noise.py) sends short streamed
 `POST /chat` requests one after another for `--seconds`, recording each request's time to
 the first token (TTFT) and every gap between two text events (one event per token, bar
 the odd token that completes no character). One table per run: settings x conditions, with
@@ -13,26 +13,20 @@ one table (system/measure-tuning.sh: tuned and untuned).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.http_client import chat_once, gaps_ms
-from bench.noise import CONDITIONS, Noise
-from bench.stats import percentile
+from bench.launcher import Server, Setting
+from bench.models import resolve_model
+from bench.serving.http_client import chat_once, gaps_ms
+from bench.serving.noise import CONDITIONS, Noise
+from bench.stats import QUANTILES, summary
 
-ROOT = Path(__file__).resolve().parent.parent
-QUANTILES = (50, 90, 99, 99.9)
 WARMUP_REQUESTS = 1
 SETTLE_S = 1.0  # noise running before the first measured request
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
@@ -50,32 +44,6 @@ def _upper_half() -> str:
     """The upper half of this process's CPUs (at least one): the inference side of `pinned`."""
     cpus = sorted(os.sched_getaffinity(0))
     return ",".join(str(c) for c in cpus[len(cpus) // 2 :])
-
-
-@dataclass(frozen=True)
-class Setting:
-    """How one server is started: flags, environment, and its priority (nice of its
-    threads and of its autogroup, the nearest this bench gets to systemd's Nice= and
-    CPUWeight= without systemd)."""
-
-    flags: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    nice: int | None = None
-    about: str = ""
-
-    def __add__(self, other: Setting) -> Setting:
-        return Setting(
-            self.flags + other.flags,
-            {**self.env, **other.env},
-            other.nice if other.nice is not None else self.nice,
-            f"{self.about}; {other.about}".strip("; "),
-        )
-
-    def describe(self) -> str:
-        parts = [*self.flags, *(f"{k}={v}" for k, v in self.env.items())]
-        if self.nice is not None:
-            parts.append(f"nice {self.nice:+d} (threads and autogroup)")
-        return " ".join(parts) or self.about
 
 
 SETTINGS: dict[str, Setting] = {
@@ -132,15 +100,6 @@ def stream_once(url: str, max_tokens: int, timeout: float = 300) -> dict:
     return {"ttft_ms": result["ttft_ms"], "gaps_ms": gaps_ms(result["arrivals"])}
 
 
-def summary(values: list[float]) -> dict:
-    """p50 ... p99.9, max and p99/p50 of a list of milliseconds."""
-    out = {f"p{q:g}": round(percentile(values, q), 1) for q in QUANTILES}
-    out["max"] = round(max(values), 1) if values else float("nan")
-    out["jitter"] = round(out["p99"] / out["p50"], 2) if values and out["p50"] else float("nan")
-    out["n"] = len(values)
-    return out
-
-
 def measure(url: str, seconds: float, max_tokens: int) -> dict:
     """Requests one after another for `seconds`; their TTFTs and gaps summarized."""
     ttft: list[float] = []
@@ -155,77 +114,6 @@ def measure(url: str, seconds: float, max_tokens: int) -> dict:
         ttft.append(result["ttft_ms"])
         gaps.extend(result["gaps_ms"])
     return {"ttft_ms": summary(ttft), "gap_ms": summary(gaps), "errors": errors}
-
-
-# -- the server under test ---------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _prioritize(nice: int | None):
-    """preexec_fn: the server's nice and, where the kernel groups by session (autogroup),
-    its session's nice, so it competes with the noise as a separate program would."""
-    if nice is None:
-        return None
-
-    def apply() -> None:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        with contextlib.suppress(OSError):  # no autogroup here: the thread nice alone
-            Path("/proc/self/autogroup").write_text(f"{nice}\n")
-
-    return apply
-
-
-class Server:
-    """`python server.py` with one Setting, in its own session, on a free loopback port."""
-
-    def __init__(self, model: Path, cache_dir: Path, chosen: Setting, log_dir: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"server-{self.port}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, str(ROOT / "server.py"), "--port", str(self.port)]
-        cmd += ["--model", str(model), "--cache-dir", str(cache_dir), *chosen.flags]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **chosen.env},
-            start_new_session=True,
-            preexec_fn=_prioritize(chosen.nice),
-        )
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the server was not ready in {timeout:.0f} s: {self.tail()}")
-
-    def tail(self) -> str:
-        return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
 
 
 # -- a run -----------------------------------------------------------------------------------
@@ -258,7 +146,7 @@ def run(args, log=print) -> dict:
             url = args.url
             server = None
             if not url:
-                model = _model_dir(args.model, config.cache_dir)
+                model = resolve_model(args.model, config.cache_dir, None)
                 server = Server(model, config.cache_dir, chosen, Path(logs))
                 url = server.url
             try:
@@ -276,12 +164,6 @@ def run(args, log=print) -> dict:
                     server.stop()
     report["meta"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     return report
-
-
-def _model_dir(spec: str, cache_dir: Path) -> Path:
-    from bench.cli import resolve_model
-
-    return resolve_model(spec, cache_dir, None)
 
 
 def meta(args) -> dict:

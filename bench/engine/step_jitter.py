@@ -1,6 +1,6 @@
 """The decode-step times of the engine alone in this process: no HTTP, no queue, no noise.
 
-    python -m bench.step_jitter [--model qwen-shape|embedded|DIR] [--threads N] [--answers 8]
+    python -m bench.engine.step_jitter [--model qwen-shape|embedded|DIR] [--threads N] [--answers 8]
 
 Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
 says how much of their spread the machine itself adds with nothing else involved. It prints
@@ -19,13 +19,13 @@ import os
 import time
 from pathlib import Path
 
-from bench.latency import summary
+from bench.stats import summary
 
 
 def engine_and_prompt(model: str, threads: int | None) -> tuple:
     """(engine, prompt ids, threads): the server's engine on `model` with its settings (the
     thread count replaced when given), answers never ending early, and one coding question."""
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from inference.loading.assemble import ModelChoice, load_model
     from service.config import load_config
 
@@ -40,7 +40,7 @@ def engine_and_prompt(model: str, threads: int | None) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.step_jitter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.step_jitter", description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--threads", type=int, default=None, help="[default: the server's]")
     parser.add_argument("--answers", type=int, default=8)

@@ -1,7 +1,7 @@
 """What a JSON schema costs per token: the engine with and without a constraint, in one
 process, alternating request by request over the fixed prompts.
 
-    python -m bench.grammar_cost --model qwen-shape [--rounds 5] [--max-tokens 64]
+    python -m bench.grammar.cost --model qwen-shape [--rounds 5] [--max-tokens 64]
 
 Reports the median milliseconds per decoded token on each side and their ratio, the one-off
 build of the grammar tokenizer and the compile time of the schema. End-of-text is ignored on
@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from bench.cli import resolve_model
+from bench.models import resolve_model
 from bench.prompts import CORE, PROMPTS
 
 # Long enough for 64 tokens of output from any model: free text inside a bounded structure.
@@ -35,7 +35,7 @@ SCHEMA = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.grammar_cost")
+    parser = argparse.ArgumentParser(prog="python -m bench.grammar.cost")
     parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -1,7 +1,7 @@
 """How long Python's garbage collector stops the inference thread, per generation, and how
 many of those stops fall inside a job; under each --gc-policy (inference/host/process.py).
 
-    python -m bench.gc_pauses [--model qwen-shape|embedded|DIR] [--requests 20]
+    python -m bench.serving.gc_pauses [--model qwen-shape|embedded|DIR] [--requests 20]
 
 Loads the engine in this process as the server would (DESKCHAT_* settings), times one full
 collection before and after the policy, runs the requests one after another as the worker
@@ -63,13 +63,13 @@ def _timed_full_collection() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gc_pauses", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.gc_pauses", description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from bench.cli import resolve_model
+    from bench.models import resolve_model
     from inference.host.process import apply_gc_policy, between_jobs
     from inference.loading.assemble import ModelChoice, load_model
     from inference.runtime.jobs import Sampling

@@ -1,6 +1,6 @@
 """Where one decode step's time goes: the engine's own step under torch.profiler.
 
-    python -m bench.step_profile [--model qwen-shape|embedded|DIR] [--batch 1,4] [--steps 32]
+    python -m bench.engine.step_profile [--model qwen-shape|embedded|DIR] [--batch 1,4] [--steps 32]
 
 Why (issue 10, "profile first"): the levers to try depend on the split between the int8
 GEMMs, the row scaling around them, attention, the other small ops, and what is outside any
@@ -116,7 +116,9 @@ def profile_batch(engine, prompt_ids, batch: int, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.engine.step_profile", description=__doc__
+    )
     parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--threads", type=int, default=None, help="[default: the server's]")
     parser.add_argument("--batch", default="1,4", help="streams decoding side by side")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         parser.error("--steps must be 1 or more")
 
-    from bench.step_jitter import engine_and_prompt
+    from bench.engine.step_jitter import engine_and_prompt
 
     engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
     load_before = os.getloadavg()[0]

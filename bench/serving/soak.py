@@ -1,6 +1,6 @@
 """Soak: mixed traffic against a running server for a given time, watching its memory.
 
-    python -m bench.soak --url http://127.0.0.1:8080 --pid PID --minutes 60 [--key KEY]
+    python -m bench.serving.soak --url http://127.0.0.1:8080 --pid PID --minutes 60 [--key KEY]
 
 Sends, one after the other with a pause between, a rotating mix: plain and streamed answers
 on both dialects, a JSON-schema answer, a stream abandoned after a few tokens, and bad
@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from urllib.parse import urlsplit
 
-from bench.grammar_cost import SCHEMA
+from bench.grammar.cost import SCHEMA
 from bench.prompts import PROMPTS
 
 ASK = PROMPTS["short"]
@@ -84,7 +84,7 @@ def slope_pct_per_hour(samples: list[tuple[float, int]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak")
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.soak")
     parser.add_argument("--url", required=True)
     parser.add_argument("--pid", type=int, required=True, help="the server's process id")
     parser.add_argument("--minutes", type=float, default=60)

@@ -8,7 +8,8 @@ its own session (its own scheduling autogroup, like a program the owner started)
 itself at its deadline, and dies with the bench (PR_SET_PDEATHSIG); the bench stops it by
 its process id. It knows nothing of the server.
 
-    python -m bench.noise spin|burst|memory --seconds S [...]   (started by Noise, not by hand)
+    python -m bench.serving.noise spin|burst|memory --seconds S [...]
+    (started by Noise, not by hand)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ READ_BLOCK = 8 << 20
 MARGIN_MIN = 1 << 30
 MARGIN_FRACTION = 0.10
 FILE_MB = 1024  # the file read through the page cache
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repo
 
 
 def meminfo_bytes(field: str) -> int:
@@ -142,7 +143,7 @@ class Noise:
         self.report = ""  # the memory process's "ready ..." line
 
     def commands(self) -> list[list[str]]:
-        base = [sys.executable, "-m", "bench.noise"]
+        base = [sys.executable, "-m", "bench.serving.noise"]
         limit = ["--seconds", f"{self.seconds:g}"]
         if self.condition == "cpu":
             return [[*base, "spin", *limit]] * self.cpus
@@ -180,7 +181,7 @@ class Noise:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.noise", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.noise", description=__doc__)
     parser.add_argument("kind", choices=("spin", "burst", "memory"))
     parser.add_argument("--seconds", type=float, required=True, help="end by itself after this")
     parser.add_argument("--cap-mb", type=int, default=None, help="memory: take no more than")

@@ -1,6 +1,6 @@
 """How far the int8 GEMMs alone are from llama.cpp's whole decode step, in one process.
 
-    python -m bench.gemm_floor [--model qwen-shape|DIR] [--blocks 6] [--steps 64]
+    python -m bench.engine.gemm_floor [--model qwen-shape|DIR] [--blocks 6] [--steps 64]
 
 Why (issue 10): decode at 1.2x llama.cpp needs the engine's step under 1/1.2 of llama.cpp's.
 This loads the engine and llama.cpp's Q4_K_M of the same model (made as `--peer llamacpp`
@@ -40,7 +40,7 @@ def _integer_row(width: int, limit: int, gen):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gemm_floor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.gemm_floor", description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--steps", type=int, default=64)
@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bench.cli import resolve_model
+    from bench.engine.step_jitter import engine_and_prompt
+    from bench.models import resolve_model
     from bench.peer_llamacpp import LlamaCppSide, PeerMissing, ensure_ggufs
-    from bench.step_jitter import engine_and_prompt
     from inference.model.decoder import Segment
     from inference.quant.rowint8 import integer_product
     from service.config import load_config

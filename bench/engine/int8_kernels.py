@@ -1,7 +1,7 @@
 """Integer GEMM kernels for the per-row int8 Linear at few rows: which is fastest, and which
 give bitwise the same output as the one served (inference/quant/rowint8.py).
 
-    python -m bench.int8_kernels [--threads 2] [--rows 1,2,4,8]
+    python -m bench.engine.int8_kernels [--threads 2] [--rows 1,2,4,8]
 
 Why: with continuous batching the decode step runs 1-8 rows, and a lone user should not pay
 for the batch invariance (issue 9). The integer product is exact, so any kernel that gives
@@ -83,7 +83,9 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.int8_kernels", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.engine.int8_kernels", description=__doc__
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,2,4,8")
     parser.add_argument("--calls", type=int, default=24, help="per timing round")

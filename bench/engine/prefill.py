@@ -1,6 +1,6 @@
 """Prefill time against prompt length, in this process: what `--max-prompt-tokens` rests on.
 
-`python -m bench.prefill --model embedded` (or `--model qwen-shape`, or a model folder)
+`python -m bench.engine.prefill --model embedded` (or `--model qwen-shape`, or a model folder)
 loads the engine with the DESKCHAT_* settings of the environment, then runs prompts of
 growing length (a system text of repeated sentences plus one question), one answer token
 each, and prints one JSON line per length: prompt tokens, prefill (TTFT) seconds per run,
@@ -15,25 +15,14 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from bench.models import resolve_model
 
 FILLER = "The quarterly report lists every printer, its toner level and the room it is in. "
 
 
-def model_folder(name: str, cache_dir: Path) -> Path:
-    if name == "embedded":
-        from inference.loading.embedded import embedded_model_dir
-
-        return embedded_model_dir(cache_dir)
-    if name == "qwen-shape":
-        from bench.qwen_shape import fixture_dir, qwen_shape_dir
-
-        return qwen_shape_dir(cache_dir, fixture_dir())
-    return Path(name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.prefill", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.prefill", description=__doc__)
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--lengths", default="256,512,1024,2048,4000")
@@ -48,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_dir:
         env["DESKCHAT_CACHE_DIR"] = args.cache_dir
     config = load_config([], env)
-    folder = model_folder(args.model, config.cache_dir)
+    folder = resolve_model(args.model, config.cache_dir, None)
     engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
     warm_up = prompts.encode([{"role": "user", "content": "Hi"}])
     engine.run(warm_up, Sampling(max_tokens=1), lambda _t: None, lambda: False)

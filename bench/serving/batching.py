@@ -1,6 +1,6 @@
 """--batch-curve: the server with the batch off and at given sizes, 1..N clients each.
 
-For each `--max-batch` value it starts `server.py` on the model (bench/latency.py's Server:
+For each `--max-batch` value it starts `server.py` on the model (bench/launcher.py's Server:
 a loopback port, its log in a temporary folder), waits until it is ready, runs `--http`
 with 1, 2, 4, 8 clients one after the other, and then a long-prompt probe: while three
 clients stream long answers, one request with a prompt of about 1,000 tokens arrives; the
@@ -19,11 +19,12 @@ import threading
 import time
 from pathlib import Path
 
-from bench.http_client import chat_once, gaps_ms, run_http
-from bench.latency import Server, Setting
+from bench.launcher import Server, Setting
+from bench.models import resolve_model
+from bench.prompts import PROMPTS
+from bench.serving.http_client import chat_once, gaps_ms, run_http
 from bench.stats import percentile
 
-ROOT = Path(__file__).resolve().parent.parent
 LONG_PROMPT = [
     {
         "role": "user",
@@ -136,3 +137,17 @@ def format_table(report: dict) -> str:
         gaps = f"{p['gap_ms_p50_during']} / {p['gap_ms_p99_during']} ({p['gaps_during']} gaps)"
         lines.append(f"| {p['max_batch']} | {p['long_ttft_ms']} | {gaps} | {p['peak_rss_mb']} |")
     return "\n".join(lines)
+
+
+def run(args, config) -> dict:
+    """`python -m bench --batch-curve`: the curve on --model, its tables printed."""
+    model_dir = resolve_model(args.model, config.cache_dir, args.fixture)
+    batches = [int(b) for b in args.batches.split(",")]
+    clients = [int(c) for c in args.client_counts.split(",")]
+    print(
+        f"model {model_dir}; {args.rounds} rounds x {len(PROMPTS)} prompts x "
+        f"{args.max_tokens} tokens per client; load {os.getloadavg()[0]:.2f}"
+    )
+    report = run_curve(model_dir, config.cache_dir, batches, clients, args.rounds, args.max_tokens)
+    print(format_table(report))
+    return report

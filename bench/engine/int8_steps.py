@@ -2,7 +2,7 @@
 per-row int8 (inference/quant/rowint8.py), both loaded in this process and run interleaved, one
 thread, `time.thread_time` (robust to other processes on a shared machine).
 
-    python -m bench.int8_steps [MODEL_DIR]   (default: the Qwen shape in ~/.cache/deskchat)
+    python -m bench.engine.int8_steps [MODEL_DIR]   (default: the Qwen shape in ~/.cache/deskchat)
 
 Decode steps at B = 1, 2, 4, 8 rows over a 64-token context, and prefill of 64 and 256 tokens;
 medians in ms, printed and written to int8_steps.json.

@@ -1,10 +1,10 @@
-"""Side by side: xgrammar vs llguidance on the Qwen2.5 tokenizer for bench/grammar_cost's
+"""Side by side: xgrammar vs llguidance on the Qwen2.5 tokenizer for bench/grammar/cost's
 schema: the grammar tokenizer's build, the schema's compile, and the per-token mask time
 while following one valid JSON text. How the library was chosen (README "JSON answers").
 
 xgrammar is not a dependency; install it aside, without its dependencies (torch, triton):
     pip install --no-deps --target /tmp/xg xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
-    PYTHONPATH=/tmp/xg python -m bench.grammar_libraries
+    PYTHONPATH=/tmp/xg python -m bench.grammar.libraries
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-from bench.grammar_cost import SCHEMA
+from bench.grammar.cost import SCHEMA
 from bench.qwen_shape import fixture_dir
 
 VOCAB = 151936  # Qwen2.5-0.5B's logits

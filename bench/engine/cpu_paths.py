@@ -2,8 +2,8 @@
 inference/host/cpu.py deems safe here, int4), all loaded in this process and run interleaved,
 one thread, `time.thread_time`: ratios to fp32 on the same CPU, emulated or not.
 
-    python -m bench.cpu_paths [--model DIR|embedded] [--steps N]
-    qemu-x86_64 -cpu SandyBridge .venv/bin/python -m bench.cpu_paths   (emulated: only the
+    python -m bench.engine.cpu_paths [--model DIR|embedded] [--steps N]
+    qemu-x86_64 -cpu SandyBridge .venv/bin/python -m bench.engine.cpu_paths   (emulated: only the
         ratios mean anything)
 
 Decode steps over a 32-token context and a 32-token prefill; medians in ms, printed as one
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from bench.int8_steps import cpu_ms
+from bench.engine.int8_steps import cpu_ms
 from inference.host import cpu
 from inference.loading.checkpoint import load_quantized
 from inference.quant import smooth

@@ -1,0 +1,1 @@
+"""`python -m bench` by default: the engine vs transformers (and llama.cpp), a process each."""

@@ -1,0 +1,111 @@
+"""Start `server.py` as its own process: given flags, environment and priority, on a free
+loopback port, its log in a file; wait until it answers /health, stop it by its process id."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one server is started: flags, environment, and its priority (nice of its
+    threads and of its autogroup, the nearest this bench gets to systemd's Nice= and
+    CPUWeight= without systemd)."""
+
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    nice: int | None = None
+    about: str = ""
+
+    def __add__(self, other: Setting) -> Setting:
+        return Setting(
+            self.flags + other.flags,
+            {**self.env, **other.env},
+            other.nice if other.nice is not None else self.nice,
+            f"{self.about}; {other.about}".strip("; "),
+        )
+
+    def describe(self) -> str:
+        parts = [*self.flags, *(f"{k}={v}" for k, v in self.env.items())]
+        if self.nice is not None:
+            parts.append(f"nice {self.nice:+d} (threads and autogroup)")
+        return " ".join(parts) or self.about
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prioritize(nice: int | None):
+    """preexec_fn: the server's nice and, where the kernel groups by session (autogroup),
+    its session's nice, so it competes with the noise as a separate program would."""
+    if nice is None:
+        return None
+
+    def apply() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        with contextlib.suppress(OSError):  # no autogroup here: the thread nice alone
+            Path("/proc/self/autogroup").write_text(f"{nice}\n")
+
+    return apply
+
+
+class Server:
+    """`python server.py` with one Setting, in its own session, on a free loopback port."""
+
+    def __init__(self, model: Path, cache_dir: Path, chosen: Setting, log_dir: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"server-{self.port}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, str(ROOT / "server.py"), "--port", str(self.port)]
+        cmd += ["--model", str(model), "--cache-dir", str(cache_dir), *chosen.flags]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **chosen.env},
+            start_new_session=True,
+            preexec_fn=_prioritize(chosen.nice),
+        )
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the server was not ready in {timeout:.0f} s: {self.tail()}")
+
+    def tail(self) -> str:
+        return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()

@@ -1,0 +1,1 @@
+"""The server as clients and its worker feel it: HTTP, latency, batching, soak, GC."""
