@@ -1,0 +1,119 @@
+"""Issue 28, one bad request never hurts another: a job whose grammar fails mid-step ends
+alone with a 400, and the jobs stepped beside it answer exactly what they answer alone; the
+server's log holds no traceback and none of the requests' content. One real server (the
+embedded model, default --max-batch 4) for the module."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from inference.runtime.jobs import Sampling
+from tests.fakes import FakeEngine, FakeStream
+from tests.httpclient import Stream, request
+
+# A schema that passes admission but dead-ends a few tokens into the answer: a short free
+# string, then a required $ref cycle that makes llguidance's parser give up (too complex).
+CYCLE = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}
+DEAD_END = {
+    "$defs": {"a": CYCLE},
+    "type": "object",
+    "properties": {"s": {"type": "string", "maxLength": 3}, "y": {"$ref": "#/$defs/a"}},
+    "required": ["s", "y"],
+}
+QUESTIONS = ["What is the capital of Japan?", "Name three colours.", "Count from one to five."]
+
+
+def completion(server, body: dict):
+    return request(server.url, "POST", "/v1/chat/completions", body, timeout=300)
+
+
+def ask(question: str) -> dict:
+    return {"messages": [{"role": "user", "content": question}], "max_tokens": 24}
+
+
+def failing() -> dict:
+    return {
+        **ask("Describe yourself as JSON."),
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": DEAD_END},
+        },
+    }
+
+
+def answer(reply) -> str:
+    assert reply.status == 200, reply.body
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+def test_a_failing_job_ends_alone_and_its_neighbours_answer_as_alone(embedded_server):
+    replies: dict[int, object] = {}
+    bodies = [ask(q) for q in QUESTIONS] + [failing()]
+
+    def send(i: int) -> None:
+        replies[i] = completion(embedded_server, bodies[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = replies[len(QUESTIONS)]
+    assert bad.status == 400, bad.body
+    error = bad.json()["error"]
+    assert error["code"] == "invalid_request" and error["param"] == "response_format", error
+    assert "response_format" in error["message"] and "#/$defs" not in error["message"]
+    together = [answer(replies[i]) for i in range(len(QUESTIONS))]
+    alone = [answer(completion(embedded_server, ask(q))) for q in QUESTIONS]
+    assert together == alone
+    log = embedded_server.log()
+    assert "Traceback" not in log and "a generation step failed" not in log
+
+
+def test_a_dead_end_mid_stream_is_an_invalid_request_error_event(embedded_server):
+    stream = Stream(embedded_server.url, failing(), path="/v1/chat/completions", timeout=300)
+    try:
+        assert stream.status == 200  # admitted: the dead end lies past the forced start
+        events = list(stream.events())
+    finally:
+        stream.close()
+    pieces = [d for _, d in events if isinstance(d, dict) and d.get("choices")]
+    errors = [d["error"] for _, d in events if isinstance(d, dict) and "error" in d]
+    assert pieces and len(errors) == 1, events
+    assert errors[0]["code"] == "invalid_request" and errors[0]["param"] == "response_format"
+
+
+class FailingStepEngine(FakeEngine):
+    """Streams whose prompt is `fail_in_step` fail in their first step with `error`."""
+
+    def __init__(self, fail_in_step: str, error: Exception, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_in_step = [ord(c) for c in fail_in_step]
+        self.error = error
+
+    def step(self, streams: list[FakeStream]) -> None:
+        for stream in streams:
+            if stream.finish is None and stream.prompt_ids == self.fail_in_step:
+                stream.error, stream.finish = self.error, "error"
+        super().step(streams)
+
+
+@pytest.mark.parametrize("error", [ValueError("secret words"), KeyError("secret words")])
+def test_an_unexpected_error_in_one_stream_is_its_500_alone(worker_for, error, caplog):
+    worker = worker_for(FailingStepEngine("bad", error, token_s=0.001), max_batch=4)
+    from inference.runtime.jobs import Done, Failed, Job
+
+    jobs = [Job([ord(c) for c in p], Sampling(max_tokens=5), 30) for p in ("ok1", "bad", "ok2")]
+    for job in jobs:
+        worker.submit(job)
+    ends = []
+    for job in jobs:
+        while not isinstance(event := job.events.get(timeout=10), Done | Failed):
+            pass
+        ends.append(event)
+    assert isinstance(ends[0], Done) and isinstance(ends[2], Done)
+    assert isinstance(ends[1], Failed) and ends[1].error.type == "internal"
+    assert jobs[1].id in ends[1].error.message
+    assert jobs[1].id in caplog.text and "secret words" not in caplog.text
