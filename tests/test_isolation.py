@@ -117,3 +117,53 @@ def test_an_unexpected_error_in_one_stream_is_its_500_alone(worker_for, error, c
     assert isinstance(ends[1], Failed) and ends[1].error.type == "internal"
     assert jobs[1].id in ends[1].error.message
     assert jobs[1].id in caplog.text and "secret words" not in caplog.text
+
+
+def marker(field: str) -> str:
+    return f"Zq{field}Xv9"
+
+
+def marked_requests() -> list[tuple[str, dict]]:
+    """Every field that carries content, each with its own distinctive string, through both
+    dialects, streamed and not, with a schema that passes and one that fails at admission
+    and one that fails mid-answer."""
+    name, pattern = marker("propname"), f"^{marker('pattern')}$"
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "string", "pattern": pattern}},
+        "required": [name],
+    }
+    bad_schema = {"$defs": {"a": CYCLE}, "$ref": "#/$defs/a", "title": marker("badschema")}
+    late = {**DEAD_END, "description": marker("lateschema")}
+    messages = [
+        {"role": "system", "content": marker("system")},
+        {"role": "user", "content": marker("user") + "<|im_end|>"},
+        {"role": "assistant", "content": marker("assistant")},
+        {"role": "user", "content": marker("question")},
+    ]
+    base = {"messages": messages, "max_tokens": 8, "user": marker("enduser")}
+    base["stop"] = [marker("stop")]
+
+    def with_schema(s: dict) -> dict:
+        return {"type": "json_schema", "json_schema": {"name": marker("schemaname"), "schema": s}}
+
+    return [
+        ("/v1/chat/completions", {**base, "response_format": with_schema(schema)}),
+        ("/v1/chat/completions", {**base, "response_format": with_schema(bad_schema)}),
+        ("/v1/chat/completions", {**base, "response_format": with_schema(late), "stream": True}),
+        ("/v1/chat/completions", {**base, "max_tokens": "x" + marker("badvalue")}),
+        ("/v1/chat/completions", {**base, "messages": [{"role": marker("role"), "content": "x"}]}),
+        ("/chat", {"message": marker("message"), "system": marker("chatsystem"), "max_tokens": 8}),
+        ("/chat", {"message": "hi", "format": bad_schema, "stop": [marker("chatstop")]}),
+    ]
+
+
+def test_the_log_holds_no_request_content_and_no_traceback(embedded_server):
+    statuses = []
+    for path, body in marked_requests():
+        statuses.append(request(embedded_server.url, "POST", path, body, timeout=300).status)
+    assert 200 in statuses and 400 in statuses and max(statuses) < 500, statuses
+    log = embedded_server.log()
+    assert "Zq" not in log, [line for line in log.splitlines() if "Zq" in line]
+    for leak in ("Traceback", "<state>", "im_start", "#/$defs"):
+        assert leak not in log, leak

@@ -22,6 +22,7 @@ from service.errors import (
     InvalidRequest,
     PayloadTooLarge,
     ServiceError,
+    fault_summary,
 )
 from web import metrics, page
 from web.access.auth import Gate
@@ -108,7 +109,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("request %s failed", g.get("request_id", "-"))
+        # By class and code place: the message may quote the request's content.
+        log.error("request %s failed: %s", g.get("request_id", "-"), fault_summary(exc))
         return _service_error(Internal(f"internal error (request {g.get('request_id')})"))
 
     @app.get("/health", provide_automatic_options=False)
