@@ -75,8 +75,12 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     def _count(response: Response) -> Response:
         # Counted when the response closes: a stream's final status is only known then.
         request_log, route = g.get("log"), metrics.route_of_request()
-        if request_log is not None:
-            status = response.status_code
+        if request_log is None:
+            return response
+        status = response.status_code
+        if response.direct_passthrough:  # a file (the page, /assets/*) handed to waitress as
+            counted.observe(route, request_log, status)  # is: werkzeug never calls its close
+        else:
             response.call_on_close(lambda: counted.observe(route, request_log, status))
         return response
 
