@@ -74,3 +74,12 @@ def test_schemas_inside_the_limits_still_compile(compiler):
     person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     assert compiler.compile(person, "format").param == "format"
     assert compiler.compile(person, "response_format").param == "response_format"
+
+
+def test_a_refusal_is_cached_like_a_grammar(compiler, monkeypatch):
+    schema = {"type": "string", "pattern": "^b{1000000}$"}  # about a second to refuse
+    first = refused(compiler, schema)
+    monkeypatch.setattr(compiler, "_build", lambda *a: pytest.fail("compiled again"))
+    assert refused(compiler, schema) == first
+    monkeypatch.undo()
+    assert "'format'" in refused(compiler, schema, "format")  # its own field named

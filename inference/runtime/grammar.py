@@ -106,7 +106,7 @@ class SchemaCompiler:
         self._with_tokenizer = with_tokenizer  # runs a function on the HF tokenizer, safely
         self.vocab_size = vocab_size
         self._ll_tokenizer = None  # built on first use: about a second for a large vocabulary
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._cache: OrderedDict[str, Grammar | InvalidRequest] = OrderedDict()
         self._lock = threading.Lock()
 
     def warm(self) -> None:
@@ -125,17 +125,33 @@ class SchemaCompiler:
 
     def compile(self, schema: dict, param: str) -> Grammar:
         """The grammar for `schema`; InvalidRequest (naming `param`) if it cannot be used:
-        over the size or depth limit, refused by llguidance, or dead at its first tokens."""
-        import llguidance
-
+        over the size or depth limit, refused by llguidance, or dead at its first tokens.
+        Refusals are cached too: a hostile schema sent again costs no second compile."""
         text = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
         check_size(schema, text, param)
         key = f"{param}:{text}"  # a Grammar names its field in its errors
         with self._lock:  # held only to look up and to store: compiles run side by side
             if key in self._cache:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-            tokenizer = self._tokenizer()
+                outcome = self._cache[key]
+            else:
+                outcome, tokenizer = None, self._tokenizer()
+        if outcome is None:
+            try:
+                outcome = self._build(text, param, tokenizer)
+            except InvalidRequest as refused:
+                outcome = refused
+            with self._lock:
+                self._cache[key] = outcome
+                if len(self._cache) > CACHED_SCHEMAS:
+                    self._cache.popitem(last=False)
+        if isinstance(outcome, InvalidRequest):
+            raise InvalidRequest(outcome.message, param=param)
+        return outcome
+
+    def _build(self, text: str, param: str, tokenizer) -> Grammar:
+        import llguidance
+
         limits = llguidance.LLParserLimits(verbose_errors=False)  # no schema in its errors
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
@@ -152,12 +168,7 @@ class SchemaCompiler:
         if template.is_error():
             raise _refusal(param, template.get_error())
         _probe(template.deep_copy(), param)
-        compiled = Grammar(template, self.vocab_size, param)
-        with self._lock:
-            self._cache[key] = compiled
-            if len(self._cache) > CACHED_SCHEMAS:
-                self._cache.popitem(last=False)
-        return compiled
+        return Grammar(template, self.vocab_size, param)
 
 
 def check_size(schema: dict, text: str, param: str) -> None:
