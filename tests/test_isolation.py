@@ -85,6 +85,22 @@ def test_a_dead_end_mid_stream_is_an_invalid_request_error_event(embedded_server
     assert errors[0]["code"] == "invalid_request" and errors[0]["param"] == "response_format"
 
 
+@pytest.mark.parametrize(
+    ("path", "field"), [("/v1/chat/completions", "response_format"), ("/chat", "format")]
+)
+def test_a_schema_dead_at_its_start_is_a_400_naming_its_field(embedded_server, path, field):
+    schema = {"$defs": {"a": CYCLE}, "$ref": "#/$defs/a"}
+    if field == "format":
+        body = {"message": "hi", "format": schema}
+    else:
+        spec = {"name": "a", "schema": schema}
+        body = {**ask("hi"), field: {"type": "json_schema", "json_schema": spec}}
+    reply = request(embedded_server.url, "POST", path, body, timeout=60)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert f"'{field}'" in error["message"] and "too complex" in error["message"], error
+
+
 class FailingStepEngine(FakeEngine):
     """Streams whose prompt is `fail_in_step` fail in their first step with `error`."""
 
