@@ -102,23 +102,35 @@ def test_a_schema_dead_at_its_start_is_a_400_naming_its_field(embedded_server, p
 
 
 class FailingStepEngine(FakeEngine):
-    """Streams whose prompt is `fail_in_step` fail in their first step with `error`."""
+    """Streams whose prompt is `fail_in_step` fail in their first step with `error`; with
+    `at_close`, when their finished stream is closed instead (its last text)."""
 
-    def __init__(self, fail_in_step: str, error: Exception, **kwargs):
+    def __init__(self, fail_in_step: str, error: Exception, at_close: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.fail_in_step = [ord(c) for c in fail_in_step]
         self.error = error
+        self.at_close = at_close
 
     def step(self, streams: list[FakeStream]) -> None:
         for stream in streams:
-            if stream.finish is None and stream.prompt_ids == self.fail_in_step:
+            if not self.at_close and stream.finish is None and self._fails(stream):
                 stream.error, stream.finish = self.error, "error"
         super().step(streams)
 
+    def close(self, stream: FakeStream, interrupted: bool = False):
+        if self.at_close and not interrupted and self._fails(stream):
+            raise self.error
+        return super().close(stream, interrupted)
 
+    def _fails(self, stream: FakeStream) -> bool:
+        return stream.prompt_ids == self.fail_in_step
+
+
+@pytest.mark.parametrize("at_close", [False, True], ids=["in-step", "at-close"])
 @pytest.mark.parametrize("error", [ValueError("secret words"), KeyError("secret words")])
-def test_an_unexpected_error_in_one_stream_is_its_500_alone(worker_for, error, caplog):
-    worker = worker_for(FailingStepEngine("bad", error, token_s=0.001), max_batch=4)
+def test_an_unexpected_error_in_one_stream_is_its_500_alone(worker_for, error, at_close, caplog):
+    engine = FailingStepEngine("bad", error, at_close=at_close, token_s=0.001)
+    worker = worker_for(engine, max_batch=4)
     from inference.runtime.jobs import Done, Failed, Job
 
     jobs = [Job([ord(c) for c in p], Sampling(max_tokens=5), 30) for p in ("ok1", "bad", "ok2")]

@@ -374,7 +374,10 @@ class Worker:
             if text := entry.stream.take_text():
                 entry.job.events.put(Delta(text))
             if entry.stream.finish is not None:
-                self._finish(entry)
+                try:
+                    self._finish(entry)  # its held-back text is detokenized here
+                except Exception as exc:
+                    self._leave(entry, _own_failure(entry.job, exc, "its finish"))
 
     def _finish(self, entry: Running) -> None:
         job = entry.job
