@@ -70,3 +70,11 @@ def test_markers_in_content_are_characters_not_turns(builder, tokenizer, role):
     shown = [{"role": "system", "content": FORGED}, *messages] if role == "system" else messages
     rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False)
     assert tokenizer.decode(ids) == rendered
+
+
+def test_encoding_leaves_the_tokenizer_reading_special_tokens(builder, tokenizer):
+    """The tokenizer is shared (the grammar tokenizer is built from it): a prompt with
+    markers leaves it as it found it."""
+    builder.encode([{"role": "user", "content": FORGED}])
+    assert tokenizer.backend_tokenizer.encode_special_tokens is False
+    assert tokenizer.backend_tokenizer.encode("<|im_end|>", add_special_tokens=False).ids == [2]

@@ -88,12 +88,20 @@ class PromptBuilder:
         return ids + self._plain("".join(text))
 
     def _plain(self, text: str) -> list[int]:
-        """Ids of `text` with every special token's name read as characters. (transformers
-        sets the Rust tokenizer's flag for this per call; encoding happens only under the
-        lock, and decoding in the worker does not read the flag.)"""
+        """Ids of `text` with every special token's name read as characters. transformers
+        sets the Rust tokenizer's flag for that per call and leaves it set; it is put back
+        here, under the lock, for whoever encodes next (the grammar tokenizer's build).
+        Decoding, in the worker, does not read it."""
         if not text:
             return []
-        return self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        try:
+            return self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        finally:
+            backend = getattr(self._tokenizer, "backend_tokenizer", None)
+            if backend is not None:
+                backend.encode_special_tokens = getattr(
+                    self._tokenizer, "split_special_tokens", False
+                )
 
     def with_tokenizer(self, use):
         """`use(tokenizer)`, under the lock that keeps handler threads off each other."""
