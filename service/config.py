@@ -195,8 +195,8 @@ class Config:
     )
     connection_limit: int = _setting(
         500,
-        "Open HTTP connections at most (idle ones included); more wait in the kernel's "
-        "backlog until one closes.",
+        "Open HTTP connections at most (idle ones included); past it a few more are taken "
+        "for /health only (others get a quick 503), then more wait in the kernel's backlog.",
         1,
         100_000,
     )

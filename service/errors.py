@@ -6,6 +6,11 @@ and each API dialect renders the body in its own shape.
 
 from __future__ import annotations
 
+import traceback
+
+# Frames named in a logged fault: enough to find the bug, never the exception's message.
+FAULT_FRAMES = 4
+
 
 class ServiceError(Exception):
     type = "internal"
@@ -65,3 +70,14 @@ class Cancelled(ServiceError):
 
 class Internal(ServiceError):
     type = "internal"
+
+
+def fault_summary(exc: BaseException) -> str:
+    """An unexpected exception for the log: its class and innermost frames (file:line in
+    function), without its message, which may quote a request's prompt, answer or schema
+    (README: prompts and answers are never logged)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-FAULT_FRAMES:]
+    where = " < ".join(
+        f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}" for f in frames[::-1]
+    )
+    return f"{type(exc).__name__} at {where or 'an unknown place'}"

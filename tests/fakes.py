@@ -19,6 +19,7 @@ class FakeStream:
         self.completion_tokens = 0
         self.ttft_s = 0.0
         self.text = ""
+        self.error = None
 
     def take_text(self) -> str:
         text, self.text = self.text, ""

@@ -22,6 +22,7 @@ from service.errors import (
     InvalidRequest,
     PayloadTooLarge,
     ServiceError,
+    fault_summary,
 )
 from web import metrics, page
 from web.access.auth import Gate
@@ -74,8 +75,12 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     def _count(response: Response) -> Response:
         # Counted when the response closes: a stream's final status is only known then.
         request_log, route = g.get("log"), metrics.route_of_request()
-        if request_log is not None:
-            status = response.status_code
+        if request_log is None:
+            return response
+        status = response.status_code
+        if response.direct_passthrough:  # a file (the page, /assets/*) handed to waitress as
+            counted.observe(route, request_log, status)  # is: werkzeug never calls its close
+        else:
             response.call_on_close(lambda: counted.observe(route, request_log, status))
         return response
 
@@ -108,7 +113,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("request %s failed", g.get("request_id", "-"))
+        # By class and code place: the message may quote the request's content.
+        log.error("request %s failed: %s", g.get("request_id", "-"), fault_summary(exc))
         return _service_error(Internal(f"internal error (request {g.get('request_id')})"))
 
     @app.get("/health", provide_automatic_options=False)

@@ -9,12 +9,20 @@ or in HTTP/1.0 (400: the two framings could disagree, the classic request-smuggl
 A request that has begun to arrive but is not complete within `--http-read-timeout` (a
 chunked body that never ends, a Content-Length larger than what was sent, headers trickled
 a byte at a time) is answered 408, not dropped in silence at the idle timeout.
+
+Past `--connection-limit` open connections, HEALTH_RESERVE more are still accepted, for
+health checks: such a connection is served for `GET /health` only and then closed; any other
+request on it is answered 503 (`overloaded`, Retry-After) at once, and one that sends no
+whole request within RESERVE_TIMEOUT_S is closed. Only past the reserve too do new
+connections wait in the kernel's backlog (waitress alone makes everything wait there, until
+an idle connection times out: ~30 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import resource
 import threading
@@ -34,6 +42,12 @@ from service.config import Config
 MAINTENANCE_INTERVAL_S = 1
 # File descriptors the process needs besides one per connection: model files, logs, pipes.
 SPARE_FDS = 64
+# Connections accepted past --connection-limit for health checks, and how long one may take
+# to send its request: they are few and short-lived, so a full server still answers /health.
+HEALTH_RESERVE = 8
+RESERVE_TIMEOUT_S = 2.0
+HEALTH_PATH = "/health"
+RESERVE_RETRY_AFTER_S = 1
 
 
 class ListenError(RuntimeError):
@@ -50,6 +64,11 @@ class VersionNotSupported(Error):
     reason = "HTTP Version Not Supported"
 
 
+class ConnectionsFull(Error):
+    code = 503
+    reason = "Service Unavailable"
+
+
 # The `type` of each status waitress answers itself; anything else is `internal`.
 ERROR_TYPES = {
     400: "invalid_request",
@@ -57,6 +76,7 @@ ERROR_TYPES = {
     413: "too_large",
     431: "too_large",
     501: "not_implemented",
+    503: "overloaded",
     505: "http_version_not_supported",
 }
 
@@ -72,6 +92,8 @@ class JsonErrorTask(ErrorTask):
         body = json.dumps({"error": {"message": message, "type": kind, "code": error.code}})
         self.status = f"{error.code} {error.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
+        if error.code == 503:
+            self.response_headers.append(("Retry-After", str(RESERVE_RETRY_AFTER_S)))
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body.encode())
@@ -80,9 +102,10 @@ class JsonErrorTask(ErrorTask):
 class StrictRequestParser(HTTPRequestParser):
     """waitress' parser, refusing what it lets through: unknown versions, ambiguous framing."""
 
-    def __init__(self, adj):
+    def __init__(self, adj, reserve: bool = False):
         super().__init__(adj)
         self.begun = time.time()  # created when a request's first bytes arrive
+        self.reserve = reserve  # on a connection past the limit: /health only, then close
 
     def parse_header(self, header_plus):
         try:
@@ -92,7 +115,7 @@ class StrictRequestParser(HTTPRequestParser):
                 "only Transfer-Encoding: chunked is supported; send the body with it or with "
                 "Content-Length"
             ) from None
-        error = self._refusal()
+        error = self._refusal() or self._past_the_limit()
         if error is not None:
             self.error = error
             # Read no body: the answer closes the connection, whatever else was sent.
@@ -111,10 +134,27 @@ class StrictRequestParser(HTTPRequestParser):
             return BadRequest("Transfer-Encoding is not allowed in HTTP/1.0")
         return None
 
+    def _past_the_limit(self) -> Error | None:
+        """On a reserve connection: /health is served (and the connection then closed),
+        anything else refused at once."""
+        if not self.reserve:
+            return None
+        self.headers["CONNECTION"] = "close"
+        if self.command == "GET" and self.path == HEALTH_PATH:
+            return None
+        return ConnectionsFull(
+            "the server's connection limit is reached (--connection-limit); retry shortly"
+        )
+
 
 class JsonErrorChannel(HTTPChannel):
     error_task_class = JsonErrorTask
     parser_class = StrictRequestParser
+    reserve = False  # accepted past --connection-limit (HEALTH_RESERVE)
+
+    def as_reserve(self) -> None:
+        self.reserve = True
+        self.parser_class = functools.partial(StrictRequestParser, reserve=True)
 
     def answer_unfinished(self, now: float, read_timeout: float, idle_timeout: float) -> None:
         """In waitress' main loop: a request begun `read_timeout` ago, or idle for
@@ -146,8 +186,31 @@ class DeskchatServer(TcpWSGIServer):
 
     def maintenance(self, now):
         for channel in list(self.active_channels.values()):
+            if channel.reserve and not channel.requests:
+                if now - channel.last_activity > RESERVE_TIMEOUT_S:
+                    channel.will_close = True
+                continue
             channel.answer_unfinished(now, self.read_timeout, self.adj.channel_timeout)
         super().maintenance(now)  # closes connections idle with no request at all
+
+    def _open(self) -> int:
+        return sum(1 for c in self.active_channels.values() if not c.reserve)
+
+    def readable(self):
+        """Accept while the reserve has room too; waitress pauses at the limit itself."""
+        readable = super().readable()  # runs maintenance; logs entering and leaving overflow
+        if not self.accepting or readable:
+            return readable
+        reserve = len(self.active_channels) - self._open()
+        return reserve < HEALTH_RESERVE
+
+    def handle_accept(self):
+        over = self._open() >= self.adj.connection_limit
+        before = set(self.active_channels)
+        super().handle_accept()
+        if over:
+            for fd in set(self.active_channels) - before:
+                self.active_channels[fd].as_reserve()
 
     def close(self):
         """Stop listening and close every open connection: that ends waitress' loop."""

@@ -39,8 +39,8 @@ PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not bat
 
 
 class Stream:
-    """One job's generation inside the engine. The worker reads `finish`, `take_text()`,
-    `completion_tokens` and `ttft_s`; the rest is the engine's."""
+    """One job's generation inside the engine. The worker reads `finish`, `error`,
+    `take_text()`, `completion_tokens` and `ttft_s`; the rest is the engine's."""
 
     def __init__(self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache):
         self.prompt_ids = prompt_ids
@@ -55,6 +55,7 @@ class Stream:
         self.token = -1  # the last token picked, the next decode step's input
         self.completion_tokens = 0
         self.finish: str | None = None if budget > 0 else "length"
+        self.error: Exception | None = None  # what ended it inside a step; only it
         self.opened = time.monotonic()
         self.ttft_s = 0.0
         self._pending: list[str] = []
@@ -71,6 +72,10 @@ class Stream:
     def add_text(self, piece: str) -> None:
         if piece:
             self._pending.append(piece)
+
+    def fail(self, error: Exception) -> None:
+        """Its sampling, grammar or text raised: it ends here, the step goes on without it."""
+        self.error, self.finish = error, "error"
 
     def next_chunk(self, rows: int) -> list[int]:
         """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block)."""
@@ -165,7 +170,8 @@ class Engine:
     def step(self, streams: list[Stream]) -> None:
         """One forward: a token for every decoding stream, and prompt chunks of the first
         prefilling ones, in order, up to `alone_rows` rows, or PREFILL_BESIDE while some
-        stream is decoding."""
+        stream is decoding. What one stream's own token choice raises (sampling, grammar,
+        detokenizing) ends that stream alone (`Stream.error`); the forward is everyone's."""
         active = [s for s in streams if s.finish is None]
         segments, fed = [], []
         for stream in active:
@@ -187,7 +193,10 @@ class Engine:
                 stream.prefilled += len(segment.ids)
                 if stream.prefilling:
                     continue  # more prompt to read: no token yet
-            self._advance(stream, logits[row])
+            try:
+                self._advance(stream, logits[row])
+            except Exception as exc:  # its own row only: the other rows are already computed
+                stream.fail(exc)
 
     def _advance(self, stream: Stream, scores: torch.Tensor) -> None:
         """Pick the stream's next token from its logits and decide whether it is done."""
@@ -219,7 +228,8 @@ class Engine:
         emit: Callable[[str], None],
         should_stop: Callable[[], bool],
     ) -> Generation:
-        """A batch of one: open, step until finished or told to stop, close."""
+        """A batch of one: open, step until finished or told to stop, close. Raises what
+        ended the stream, if something did."""
         stream = self.open(prompt_ids, sampling)
         interrupted = False
         while stream.finish is None:
@@ -227,6 +237,9 @@ class Engine:
                 interrupted = True
                 break
             self.step([stream])
+            if stream.error is not None:
+                self.close(stream, interrupted=True)
+                raise stream.error
             if text := stream.take_text():
                 emit(text)
         result = self.close(stream, interrupted)

@@ -4,6 +4,12 @@
 schema) or raises InvalidRequest saying what is wrong, before any job is queued. The engine
 asks a Grammar for a fresh `Constraint` per run, which masks each step's logits to the
 tokens that can continue valid output and follows the tokens picked.
+
+A schema can compile and still dead-end while decoding (a $ref cycle, minProperties far past
+any answer, a pattern llguidance calls too complex on the way): the Constraint then raises
+InvalidRequest naming the request field, which ends that job alone (README "JSON answers").
+llguidance's own error text dumps the schema and the tokens so far; it is never shown nor
+logged, only its stop reason.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from service.errors import Internal, InvalidRequest
+from service.errors import InvalidRequest
 
 if TYPE_CHECKING:
     import torch
@@ -28,29 +34,37 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 CACHED_SCHEMAS = 64
 MAX_GRAMMAR_ERROR_CHARS = 300
+# Admission limits on a schema (README "JSON answers"): its JSON's size in bytes, and how
+# deep objects and lists nest in it (a schema's own keywords count: properties -> name ->
+# schema is two levels). Real schemas for an answer are far inside both.
+MAX_SCHEMA_BYTES = 16 * 1024
+MAX_SCHEMA_DEPTH = 32
 
 
 class Constraint:
     """One run's grammar state: the mask for the next token, and the tokens taken so far."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, param: str):
         import numpy as np  # here, so the web side can import this module without torch
 
         self._matcher = matcher
         self._vocab_size = vocab_size
+        self._param = param  # the request field the schema came in, for the error
+        self._taken = 0
         self._np = np
         self._bias = np.array([-np.inf, 0.0], dtype=np.float32)  # by allowed bit: 0 or 1
 
     def mask_(self, logits: torch.Tensor) -> torch.Tensor:
         """Set every token the grammar does not allow next to -inf, in place; InvalidRequest
-        when it allows none (a schema no value can satisfy, e.g. minimum above maximum)."""
+        when it allows none (a schema no value can satisfy, e.g. minimum above maximum, or
+        one too complex for llguidance to follow further)."""
         import torch
 
         np = self._np
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
         if self._matcher.is_error() or not allowed.any():
-            raise InvalidRequest("the JSON schema allows no further output: no value satisfies it")
+            raise self._dead_end()
         if logits.dtype == torch.float32 and logits.is_contiguous():
             # Adding 0 or -inf in numpy: the whole mask step takes about 0.6 ms for Qwen's
             # 151,936 logits, where torch's masked_fill_ alone took 1.4-8 ms here.
@@ -60,8 +74,12 @@ class Constraint:
         return logits.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
 
     def take(self, token: int) -> None:
-        if not self._matcher.consume_token(token):  # the mask allowed it: a matcher fault
-            raise Internal(f"the JSON grammar refused its own token: {self._matcher.get_error()}")
+        if not self._matcher.consume_token(token):  # the mask allowed it: the schema is
+            raise self._dead_end()  # past what llguidance can follow (e.g. ParserTooComplex)
+        self._taken += 1
+
+    def _dead_end(self) -> InvalidRequest:
+        return dead_end(self._matcher, self._param, f"after {self._taken} answer tokens")
 
     @property
     def finished(self) -> bool:
@@ -75,9 +93,10 @@ class Grammar:
 
     _template: object
     vocab_size: int
+    param: str  # the request field it came in ("response_format", "format")
 
     def constraint(self) -> Constraint:
-        return Constraint(self._template.deep_copy(), self.vocab_size)
+        return Constraint(self._template.deep_copy(), self.vocab_size, self.param)
 
 
 class SchemaCompiler:
@@ -87,7 +106,7 @@ class SchemaCompiler:
         self._with_tokenizer = with_tokenizer  # runs a function on the HF tokenizer, safely
         self.vocab_size = vocab_size
         self._ll_tokenizer = None  # built on first use: about a second for a large vocabulary
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._cache: OrderedDict[str, Grammar | InvalidRequest] = OrderedDict()
         self._lock = threading.Lock()
 
     def warm(self) -> None:
@@ -105,33 +124,105 @@ class SchemaCompiler:
         return self._ll_tokenizer
 
     def compile(self, schema: dict, param: str) -> Grammar:
-        """The grammar for `schema`; InvalidRequest (naming `param`) if it cannot be used."""
-        import llguidance
-
-        key = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
+        """The grammar for `schema`; InvalidRequest (naming `param`) if it cannot be used:
+        over the size or depth limit, refused by llguidance, or dead at its first tokens.
+        Refusals are cached too: a hostile schema sent again costs no second compile."""
+        text = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
+        check_size(schema, text, param)
+        key = f"{param}:{text}"  # a Grammar names its field in its errors
         with self._lock:  # held only to look up and to store: compiles run side by side
             if key in self._cache:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-            tokenizer = self._tokenizer()
+                outcome = self._cache[key]
+            else:
+                outcome, tokenizer = None, self._tokenizer()
+        if outcome is None:
+            try:
+                outcome = self._build(text, param, tokenizer)
+            except InvalidRequest as refused:
+                outcome = refused
+            with self._lock:
+                self._cache[key] = outcome
+                if len(self._cache) > CACHED_SCHEMAS:
+                    self._cache.popitem(last=False)
+        if isinstance(outcome, InvalidRequest):
+            raise InvalidRequest(outcome.message, param=param)
+        return outcome
+
+    def _build(self, text: str, param: str, tokenizer) -> Grammar:
+        import llguidance
+
+        limits = llguidance.LLParserLimits(verbose_errors=False)  # no schema in its errors
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                key, defaults={"whitespace_flexible": False}
+                text, defaults={"whitespace_flexible": False}
             )
         except ValueError as exc:
             raise _refusal(param, str(exc)) from None
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, tokenizer, limits=limits
+        )
         if failed:
             raise _refusal(param, messages[0])
-        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         if template.is_error():
             raise _refusal(param, template.get_error())
-        compiled = Grammar(template, self.vocab_size)
-        with self._lock:
-            self._cache[key] = compiled
-            if len(self._cache) > CACHED_SCHEMAS:
-                self._cache.popitem(last=False)
-        return compiled
+        _probe(template.deep_copy(), param)
+        return Grammar(template, self.vocab_size, param)
+
+
+def check_size(schema: dict, text: str, param: str) -> None:
+    """Refuse a schema over MAX_SCHEMA_BYTES (of its JSON) or MAX_SCHEMA_DEPTH levels of
+    nesting before llguidance sees it: its compile time and memory grow with both."""
+    size = len(text.encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(
+            f"the JSON schema in '{param}' is {size} bytes; this server takes at most "
+            f"{MAX_SCHEMA_BYTES}",
+            param=param,
+        )
+    level, below = 0, [schema]
+    while below:
+        level += 1
+        if level > MAX_SCHEMA_DEPTH:
+            raise InvalidRequest(
+                f"the JSON schema in '{param}' nests deeper than {MAX_SCHEMA_DEPTH} levels "
+                "of objects and lists",
+                param=param,
+            )
+        below = [
+            child
+            for node in below
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+
+
+def _probe(matcher, param: str) -> None:
+    """Walk a fresh matcher through the output every answer must begin with (the forced
+    tokens): a schema that dead-ends there (a required $ref cycle, a pattern that blows up
+    the lexer, a property name holding a control token) is refused now, not in the step."""
+    matcher.compute_bitmask()
+    forced = [] if matcher.is_error() else matcher.compute_ff_tokens()
+    if not matcher.is_error() and forced:
+        matcher.consume_tokens(forced)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        raise dead_end(matcher, param, "at the output every answer must begin with")
+
+
+def dead_end(matcher, param: str, where: str) -> InvalidRequest:
+    """The request's error for a matcher in its error state. Only a class of cause is told:
+    llguidance's error text goes on to quote the schema and the answer so far."""
+    first_line = matcher.get_error().split("\n", 1)[0].lower()
+    if "too many" in first_line or "too complex" in first_line:
+        why = "it is too complex for the grammar engine to follow"
+    else:
+        why = "no value can be completed under it"
+    return InvalidRequest(
+        f"the JSON schema in '{param}' allows no further output {where}: {why}", param=param
+    )
 
 
 def _refusal(param: str, reason: str) -> InvalidRequest:

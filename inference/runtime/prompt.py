@@ -1,5 +1,9 @@
 """Turning chat messages into prompt token ids with the model's own chat template.
 
+Message content is text: only the template places control tokens. A `<|im_end|>` typed into
+a message is tokenized as those characters, never as the token that ends a turn (so nobody
+forges a system turn), as llama.cpp and vLLM do.
+
 Used by request handlers, which take turns on the tokenizer behind a lock. The worker
 decodes answers with the same tokenizer, without that lock (a second copy of a Qwen
 tokenizer costs ~100 MB, issue 10): the Rust tokenizer underneath allows any number of
@@ -10,6 +14,8 @@ ask for).
 
 from __future__ import annotations
 
+import re
+import secrets
 import threading
 
 from service.errors import PayloadTooLarge
@@ -39,21 +45,63 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
         self.context_tokens = context_tokens
+        # The control tokens a template may write (its added tokens), longest first.
+        added = getattr(tokenizer, "added_tokens_encoder", {})
+        self._controls = dict(added)
+        names = sorted(added, key=len, reverse=True)
+        self._control_pattern = "|".join(map(re.escape, names))
 
     def encode(self, messages: list[dict], system: str | None = None) -> list[int]:
         """Token ids of the chat prompt, ready for the assistant's turn.
 
         `system` replaces the template's default system prompt and any system message given.
+        The template is rendered with a private placeholder in place of each content; its
+        own control tokens become their ids, and the text between them, contents included,
+        is tokenized with special tokens off. Tokenizers split at control tokens before
+        anything else, so text without markers gives the ids it always gave.
         """
         if system is not None:
             messages = [{"role": "system", "content": system}] + [
                 m for m in messages if m["role"] != "system"
             ]
+        marks = {f"\x1e{secrets.token_hex(8)}\x1e": m["content"] for m in messages}
+        shown = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
         with self._lock:
-            encoded = self._tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            rendered = self._tokenizer.apply_chat_template(
+                shown, add_generation_prompt=True, tokenize=False
             )
-        return list(encoded["input_ids"])
+            return self._ids(rendered, marks)
+
+    def _ids(self, rendered: str, marks: dict[str, str]) -> list[int]:  # with the lock held
+        splitter = "|".join(filter(None, [self._control_pattern, *map(re.escape, marks)]))
+        ids: list[int] = []
+        text: list[str] = []
+        for piece in re.split(f"({splitter})", rendered):
+            if piece in marks:
+                text.append(marks[piece])
+            elif piece in self._controls:
+                ids += self._plain("".join(text))
+                ids.append(self._controls[piece])
+                text = []
+            else:
+                text.append(piece)
+        return ids + self._plain("".join(text))
+
+    def _plain(self, text: str) -> list[int]:
+        """Ids of `text` with every special token's name read as characters. transformers
+        sets the Rust tokenizer's flag for that per call and leaves it set; it is put back
+        here, under the lock, for whoever encodes next (the grammar tokenizer's build).
+        Decoding, in the worker, does not read it."""
+        if not text:
+            return []
+        try:
+            return self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        finally:
+            backend = getattr(self._tokenizer, "backend_tokenizer", None)
+            if backend is not None:
+                backend.encode_special_tokens = getattr(
+                    self._tokenizer, "split_special_tokens", False
+                )
 
     def with_tokenizer(self, use):
         """`use(tokenizer)`, under the lock that keeps handler threads off each other."""

@@ -8,8 +8,11 @@ The thread admits jobs in FIFO order while fewer than `max_batch` run and their 
 fit in the memory budget, then steps all running jobs together (runtime/engine.py). Between
 steps each job's cancel flag and deadline are read: a job that finishes, is cancelled or
 times out leaves the batch at once, the others go on. Every job ends with exactly one terminal
-item on its reply queue. An exception inside the engine becomes an Internal error for the
-jobs of that step; the thread goes on serving.
+item on its reply queue. A job's own failure (its sampling, grammar or text: `stream.error`)
+ends that job alone, as its error or, for an unexpected exception, as Internal with its
+request id; the others in the step go on untouched. Only a failing forward, which is
+everyone's, ends the jobs of that step. The log gets request ids, error kinds and code
+places, never a request's content.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from service.errors import (
     ServiceError,
     Timeout,
     Unavailable,
+    fault_summary,
 )
 
 log = logging.getLogger("deskchat.worker")
@@ -46,6 +50,7 @@ FIRST_PREFILL_GUESS_S = 1 / 500
 
 class StreamLike(Protocol):
     finish: str | None
+    error: Exception | None  # what ended this stream alone inside a step
     completion_tokens: int
     ttft_s: float
 
@@ -331,9 +336,8 @@ class Worker:
             except ServiceError as exc:
                 job.events.put(Failed(exc))
                 continue
-            except Exception:
-                log.exception("opening a generation failed for %s", job.id)
-                job.events.put(Failed(Internal(f"generation failed (request {job.id})")))
+            except Exception as exc:
+                job.events.put(Failed(_own_failure(job, exc, "opening its generation")))
                 continue
             except BaseException:  # the thread is going down: this job still gets its end
                 job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
@@ -355,19 +359,25 @@ class Worker:
         streams = [r.stream for r in self._running]
         try:
             self.engine.step(streams)
-        except Exception:
+        except Exception as exc:  # the forward: every job in it
             ids = ", ".join(r.job.id for r in self._running)
-            log.exception("a generation step failed for %s", ids)
+            log.error("a generation step failed for %s: %s", ids, fault_summary(exc))
             for entry in list(self._running):
                 why = f"generation failed (request {entry.job.id}); see the server log"
                 self._leave(entry, Internal(why))
             return
         self.heartbeat = time.monotonic()
         for entry in list(self._running):
+            if entry.stream.error is not None:
+                self._leave(entry, _own_failure(entry.job, entry.stream.error, "its step"))
+                continue
             if text := entry.stream.take_text():
                 entry.job.events.put(Delta(text))
             if entry.stream.finish is not None:
-                self._finish(entry)
+                try:
+                    self._finish(entry)  # its held-back text is detokenized here
+                except Exception as exc:
+                    self._leave(entry, _own_failure(entry.job, exc, "its finish"))
 
     def _finish(self, entry: Running) -> None:
         job = entry.job
@@ -429,3 +439,14 @@ class Worker:
             self._prefill_s_per_token = per_token_s
         else:
             self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
+
+
+def _own_failure(job: Job, error: Exception, where: str) -> ServiceError:
+    """What one job's failure tells its client: the request's fault as it is (e.g. a JSON
+    schema that dead-ends: invalid_request), anything else as Internal with the request id,
+    logged by kind and code place only."""
+    if isinstance(error, ServiceError):
+        log.info("request %s ended in %s: %s (%s)", job.id, where, error.type, error.param or "-")
+        return error
+    log.error("request %s failed in %s: %s", job.id, where, fault_summary(error))
+    return Internal(f"generation failed (request {job.id}); see the server log")
