@@ -125,6 +125,8 @@ def fake_checkout(src: Path) -> Path:
     (src / "server.py").write_text("print('deskchat')\n")
     (src / "requirements.txt").write_text("flask==3.1.3\n")
     (src / "README.md").write_text("# deskchat\n")
+    (src / "service").mkdir()
+    (src / "service/__init__.py").write_text("")
     (src / "inference/__pycache__").mkdir(parents=True)
     (src / "inference/__init__.py").write_text("")
     (src / "inference/__pycache__/x.pyc").write_bytes(b"\0")

@@ -65,7 +65,7 @@ def test_install_uninstall_round_trip(src: Path, root: Path) -> None:
     assert done.returncode == 0, done.stderr
     app = root / PREFIX.lstrip("/") / "app"
     assert (app / "server.py").read_text() == "print('deskchat')\n"
-    assert (app / "web/app.py").exists()
+    assert (app / "web/app.py").exists() and (app / "service/__init__.py").exists()
     assert not (app / "inference/__pycache__").exists()
     assert os.access(app / "system/tune.sh", os.X_OK)
     assert os.access(root / PREFIX.lstrip("/") / "venv/bin/python", os.X_OK)
