@@ -253,20 +253,26 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
 
 
 def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
-    server = start_server("--model", "embedded", "--max-queue", "2", "--max-batch", "1")
-    running = Stream(server.url, {"message": "Tell me a very long story.", "max_tokens": 1000})
-    events = running.events()
-    next(events)
+    # At the shipped --max-batch: a whole batch runs, one more waits in the FIFO.
+    server = start_server("--model", "embedded")
+    batch = request(server.url, "GET", "/health").json()["batch"]["capacity"]
+    assert batch > 1
+    body = {"message": "Tell me a very long story.", "max_tokens": 1000}
+    running = [Stream(server.url, body) for _ in range(batch)]
+    streams = [s.events() for s in running]
+    for events in streams:
+        next(events)
     queued: dict = {}
     waiter = threading.Thread(target=lambda: queued.update(r=chat(server.url, {"message": "hi"})))
     waiter.start()
     assert wait_until(lambda: request(server.url, "GET", "/health").json()["queue"]["depth"], 5)
     server.proc.send_signal(signal.SIGTERM)
-    rest = list(events)
-    running.close()
+    for stream, events in zip(running, streams, strict=True):
+        rest = list(events)
+        stream.close()
+        assert rest[-1][0] == "error" and rest[-1][1]["error"]["code"] == 503
+        assert rest[-1][1]["error"]["type"] == "unavailable"
     waiter.join(10)
-    assert rest[-1][0] == "error" and rest[-1][1]["error"]["code"] == 503
-    assert rest[-1][1]["error"]["type"] == "unavailable"
     assert queued["r"].status == 503 and queued["r"].json()["error"]["type"] == "unavailable"
     assert server.proc.wait(15) == 0
     assert "Traceback" not in server.log()
