@@ -15,13 +15,10 @@ import pytest
 from inference.runtime.worker import Worker
 from server import make_http_server, start_http_thread
 from service.config import load_config
-from tests.fakes import FakeEngine, FakePrompts
-from tests.httpclient import request
+from tests.support.fakes import FakeEngine, FakePrompts
+from tests.support.httpclient import request
+from tests.support.paths import ROOT, TEST_CACHE
 from web.app import Runtime, create_app
-
-ROOT = Path(__file__).resolve().parent.parent
-# Converted models are kept between runs so only the first run pays for the conversion.
-TEST_CACHE = Path(os.environ.get("DESKCHAT_TEST_CACHE", ROOT / ".test-cache"))
 
 
 @pytest.fixture(scope="session")

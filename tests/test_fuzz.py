@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from inference.runtime.sampler import pick
 from service.errors import InvalidRequest
-from tests.fakes import FakeEngine
-from tests.httpclient import request
+from tests.support.fakes import FakeEngine
+from tests.support.httpclient import request
 from web.dialects.chat_api import parse_chat_request
 from web.dialects.openai_request import parse_completion_request
 

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from tests.httpclient import chat, request
-from tests.systree import skip_unless_ci
+from tests.support.httpclient import chat, request
+from tests.support.systree import skip_unless_ci
 
 # Not the bare "What is the capital of France?": its first token is a near-tie in fp32
 # ("The" -1.883 vs "L" -1.965 log-prob), which qnnpack's rounding tips to "L'Alma, ...".

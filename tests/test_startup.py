@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NO_NETWORK, free_port
-from tests.httpclient import Stream, chat, request, wait_until
+from tests.support.httpclient import Stream, chat, request, wait_until
 
 
 def unreachable_hub() -> str:
@@ -71,7 +71,7 @@ def _truncated_weights(tmp_path, _held):
     import shutil
 
     from inference.loading.embedded import embedded_model_dir
-    from tests.conftest import TEST_CACHE
+    from tests.support.paths import TEST_CACHE
 
     folder = tmp_path / "truncated"
     shutil.copytree(embedded_model_dir(TEST_CACHE), folder)
@@ -140,7 +140,7 @@ def test_a_startup_misuse_is_one_line_and_exit_2(start_server, tmp_path, make_fl
 
 
 def test_a_model_id_the_hub_does_not_know_is_an_error_not_a_fallback(start_server):
-    from tests.modelscope_standin import ModelScopeStandin
+    from tests.support.modelscope_standin import ModelScopeStandin
 
     with ModelScopeStandin({"acme/tiny-chat": {"config.json": b"{}"}}) as hub:
         server = start_server(
@@ -226,8 +226,8 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     """The whole first-start path: snapshot_download from a loopback hub, load, serve; then a
     second start from the cache with the hub gone and no fallback allowed."""
     from inference.loading.embedded import embedded_model_dir
-    from tests.conftest import TEST_CACHE
-    from tests.modelscope_standin import ModelScopeStandin
+    from tests.support.modelscope_standin import ModelScopeStandin
+    from tests.support.paths import TEST_CACHE
 
     model_dir = embedded_model_dir(TEST_CACHE)  # a real model to play the default one
     files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
