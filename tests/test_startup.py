@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_NETWORK, free_port
 from tests.support.httpclient import Stream, chat, request, wait_until
+from tests.support.servers import NO_NETWORK, free_port
 
 
 def unreachable_hub() -> str:

@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, InProcessServer
 from tests.support.fakes import FakeEngine
+from tests.support.paths import ROOT
+from tests.support.servers import InProcessServer
 
 
 class BackendProcess:

@@ -1,11 +1,12 @@
-"""A scripted engine for tests about queueing and timing, where the real model is slow."""
+"""A scripted engine for tests about queueing and timing, where the real model is slow; its
+prompt ids (code points) and a reader of a job's events to the end."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from inference.runtime.jobs import Generation
+from inference.runtime.jobs import Delta, Generation, Job
 from inference.runtime.prompt import PromptBuilder
 
 
@@ -95,3 +96,20 @@ class FakePrompts(PromptBuilder):
 
     def encode(self, messages, system=None):
         return [ord(c) for c in messages[-1]["content"]]
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def terminal_events(job: Job, timeout: float = 10) -> tuple[list, object]:
+    """All deltas, the terminal item, and a check that nothing follows it."""
+    deltas = []
+    while True:
+        event = job.events.get(timeout=timeout)
+        if isinstance(event, Delta):
+            deltas.append(event.text)
+            continue
+        time.sleep(0.05)
+        assert job.events.empty(), "something came after the terminal item"
+        return deltas, event

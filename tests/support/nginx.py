@@ -11,7 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, free_port
+from tests.support.paths import ROOT
+from tests.support.servers import free_port
 from tests.support.systree import skip_unless_ci
 
 FLEET_CONF = ROOT / "system/nginx/fleet-conf.sh"

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import flask
 import pytest
 
-from tests.conftest import free_port
 from tests.support.fake_backend import BackendProcess
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import Stream, chat, request, wait_until
 from tests.support.nginx import FLEET_CONF, Nginx, fleet_conf, nginx_binary
-from tests.web.test_http import leave_a_plain_request, leave_a_stream, raw_post
+from tests.support.servers import free_port
+from tests.support.traffic import leave_a_plain_request, leave_a_stream, raw_post
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.support.paths import ROOT
+from tests.support.servers import free_port
 from tests.support.systree import skip_unless_ci
 
 SCRIPT = Path(os.environ.get("DESKCHAT_LIVE_SCRIPT", ROOT.parent / "shared/tools/live-systemd.sh"))

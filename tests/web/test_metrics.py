@@ -8,29 +8,17 @@ import subprocess
 import threading
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from inference.host.threads import ThreadGovernor
-from tests.conftest import free_port
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import Stream, chat, request, wait_until
+from tests.support.keys import KEY, OTHER
+from tests.support.metrics import scrape, value
+from tests.support.servers import free_port
 from tests.support.systree import skip_unless_ci
-from tests.web.access.test_keys import KEY, OTHER
-from tests.web.test_http import queue_raw_clients, raw_post
+from tests.support.traffic import queue_raw_clients, raw_post
 
 V1 = "/v1/chat/completions"
-
-
-def scrape(url: str, headers: dict | None = None) -> dict:
-    """{(sample name, sorted label pairs): value} of one scrape."""
-    reply = request(url, "GET", "/metrics", headers=headers)
-    assert reply.status == 200, reply.body
-    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for family in text_string_to_metric_families(reply.body.decode()):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
 
 
 def series(samples: dict, name: str) -> dict:
@@ -41,9 +29,9 @@ def series(samples: dict, name: str) -> dict:
 def requests_by(samples: dict) -> dict:
     """deskchat_requests_total as {(route, status, key): count}."""
     out = {}
-    for labels, value in series(samples, "deskchat_requests_total").items():
+    for labels, count in series(samples, "deskchat_requests_total").items():
         d = dict(labels)
-        out[(d["route"], d["status"], d.get("key", ""))] = value
+        out[(d["route"], d["status"], d.get("key", ""))] = count
     return out
 
 
@@ -68,10 +56,6 @@ def settled(url: str, expected: dict, key: tuple[str, str] = ("", "")) -> dict:
 
     assert wait_until(matches, 5, interval=0.1), traffic(last, name)
     return last
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_answers_errors_and_tokens_are_counted(fake_server):

@@ -20,12 +20,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.conftest import ServerProcess
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import Stream, request, wait_until
+from tests.support.keys import KEY
+from tests.support.metrics import scrape, value
+from tests.support.servers import ServerProcess
 from tests.support.systree import skip_unless_ci
-from tests.web.access.test_keys import KEY
-from tests.web.test_metrics import scrape, value
 
 CHROMIUM_FLAGS = (
     "--headless=new",

@@ -21,23 +21,10 @@ from service.cpu_list import parse_cpu_list
 from tests.support.httpclient import chat
 from tests.support.paths import ROOT
 from tests.support.systree import skip_unless_ci
+from tests.support.tasks import task_masks
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 LAST = max(ALLOWED)
-
-
-def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
-    """(thread name, CPUs it may run on) for every thread of a process."""
-    tasks = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            status = (task / "status").read_text()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
-        tasks.append((name, parse_cpu_list(line.split(":", 1)[1])))
-    return tasks
 
 
 @pytest.mark.parametrize(
@@ -77,7 +64,7 @@ def test_pinning_split() -> None:
 OPENMP_CHILD = """
 import json, sys, threading
 from inference.host import process as host
-from tests.inference.host.test_host import task_masks
+from tests.support.tasks import task_masks
 pinning = host.Pinning(frozenset({int(sys.argv[1])}))
 pinning.pin_others()
 def infer():

@@ -16,8 +16,7 @@ from inference.host.process import name_this_thread
 from inference.host.threads import ThreadGovernor, governor_for, thread_waits
 from inference.runtime.jobs import Done, Job, Sampling
 from service.config import load_config, physical_cores
-from tests.inference.runtime.test_worker import ids, terminal_events
-from tests.support.fakes import FakeEngine
+from tests.support.fakes import FakeEngine, ids, terminal_events
 from tests.support.httpclient import request
 
 

@@ -13,8 +13,7 @@ from inference.runtime.engine import PREFILL_BESIDE, PREFILL_CHUNK
 from inference.runtime.jobs import Done, Failed, Job, Sampling
 from service.config import load_config
 from service.errors import Cancelled, Timeout
-from tests.inference.runtime.test_worker import ids, terminal_events
-from tests.support.fakes import FakeEngine
+from tests.support.fakes import FakeEngine, ids, terminal_events
 from tests.support.httpclient import chat, request, wait_until
 
 QUESTIONS = [

@@ -11,25 +11,8 @@ import pytest
 from inference.runtime.jobs import Delta, Done, Failed, Job, Sampling
 from inference.runtime.worker import Worker
 from service.errors import Cancelled, Internal, Overloaded, Timeout, Unavailable
-from tests.support.fakes import FakeEngine
+from tests.support.fakes import FakeEngine, ids, terminal_events
 from tests.support.httpclient import wait_until
-
-
-def ids(text: str) -> list[int]:
-    return [ord(c) for c in text]
-
-
-def terminal_events(job: Job, timeout: float = 10) -> tuple[list, object]:
-    """All deltas, the terminal item, and a check that nothing follows it."""
-    deltas = []
-    while True:
-        event = job.events.get(timeout=timeout)
-        if isinstance(event, Delta):
-            deltas.append(event.text)
-            continue
-        time.sleep(0.05)
-        assert job.events.empty(), "something came after the terminal item"
-        return deltas, event
 
 
 def test_jobs_run_in_submission_order_from_many_threads(worker_for):

@@ -11,11 +11,9 @@ import pytest
 from service.config import Config
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import request, wait_until
+from tests.support.keys import KEY, OTHER
 from web.access.auth import FailureLimiter, exposure_problem, guessing_unit
 from web.access.keys import KeyFileError, KeyRing, parse_keys
-
-KEY = "k" * 20
-OTHER = "o" * 24
 
 
 def test_key_file_parses_names_and_skips_comments():

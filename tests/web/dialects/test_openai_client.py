@@ -8,8 +8,8 @@ import threading
 import openai
 import pytest
 
-from tests.conftest import ServerProcess
 from tests.support.httpclient import request, wait_until
+from tests.support.servers import ServerProcess
 
 KEY = "tool-key-" + "x" * 16
 # Not France: SmolLM2's first token there is a near-tie in fp32 (0.08 logits) that the int8

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import Stream, request, wait_until
-from tests.web.test_http import fill_queue
+from tests.support.traffic import fill_queue
 
 PATH = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
