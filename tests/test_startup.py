@@ -237,7 +237,7 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
             "--modelscope-endpoint", hub.url, "--cache-dir", cache, "--strict-model"
         )
         assert "model.safetensors" in hub.file_requests()
-    # Not France: a near-tie in fp32 (tests/test_openai_client.py)
+    # Not France: a near-tie in fp32 (tests/web/dialects/test_openai_client.py)
     reply = chat(first.url, {"message": "What is the capital of Japan?"}).json()
     assert reply["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "Tokyo" in reply["response"]
     assert first.stop() == 0
