@@ -53,9 +53,11 @@ def start_server(tmp_path):
         p.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def embedded_server(tmp_path_factory):
-    """One real server with the embedded model, shared by a module's tests."""
+    """One real server with the embedded model, shared by every test that asks for it (one
+    start instead of one per module: test_server, test_json_output, test_threads, test_fleet
+    use the same flags, and each test checks only its own requests)."""
     proc = ServerProcess(tmp_path_factory.mktemp("srv"), "--model", "embedded")
     try:
         yield proc.wait_ready()

@@ -26,6 +26,7 @@ def qemu() -> list[str]:
     return ["nice", "-n", "10", path, "-cpu"]
 
 
+@pytest.mark.slow  # emulated: minutes per start
 @pytest.mark.parametrize(
     "model, isa, int8",
     [("Nehalem", "sse4.2", "qnnpack"), ("SandyBridge", "avx", "qnnpack")],
@@ -44,6 +45,7 @@ def test_starts_and_answers_on_an_old_cpu(model, isa, int8, qemu, start_server, 
     assert len(chosen) == 1, server.log()
 
 
+@pytest.mark.slow
 def test_onednn_int8_is_refused_on_nehalem_instead_of_dying(qemu, start_server):
     """oneDNN's int8 Linear dies with SIGILL there (exit 132 before this issue)."""
     server = start_server(

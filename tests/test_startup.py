@@ -19,6 +19,7 @@ def unreachable_hub() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
+@pytest.mark.slow
 def test_missing_default_model_falls_back_with_one_warning(start_server):
     server = start_server("--modelscope-endpoint", unreachable_hub(), ready=False)
     server.wait_ready(timeout=120)
@@ -192,6 +193,7 @@ class NotifyListener:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
     listener = NotifyListener()
     try:
@@ -222,6 +224,7 @@ def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
         listener.close()
 
 
+@pytest.mark.slow
 def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, tmp_path):
     """The whole first-start path: snapshot_download from a loopback hub, load, serve; then a
     second start from the cache with the hub gone and no fallback allowed."""
@@ -252,6 +255,7 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     assert second.stop() == 0
 
 
+@pytest.mark.slow
 def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
     server = start_server("--model", "embedded", "--max-queue", "2", "--max-batch", "1")
     running = Stream(server.url, {"message": "Tell me a very long story.", "max_tokens": 1000})

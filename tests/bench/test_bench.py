@@ -201,6 +201,7 @@ def test_quality_text_set_is_over_3000_tokens_in_chunks_of_at_most_chunk(embedde
     assert all(2 <= len(c) <= CHUNK for c in chunks) and sum(map(len, chunks)) > 3000
 
 
+@pytest.mark.slow
 def test_the_default_bench_runs_both_sides_and_prints_the_table(embedded_dir, tmp_path, capsys):
     """`python -m bench` end to end on the small model (its table once died with an
     UnboundLocalError that only this path reached)."""

@@ -2,6 +2,8 @@
 
 Three deskchat servers on loopback (the scripted engine; the embedded model where the answer
 matters), nginx in front as an ordinary process with its config in a temp dir.
+The runs with nginx in front of servers are marked slow (`make check`); the checks of
+fleet-conf.sh's output and arguments are quick and stay in `make test`.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def access_entry(proxy: Nginx, request_id: str) -> dict:
     raise AssertionError(f"no access log line for {request_id}: {proxy.access_lines()}")
 
 
+@pytest.mark.slow
 def test_thirty_requests_spread_over_three_pcs(fleet, caplog):
     caplog.set_level(logging.INFO, logger="deskchat.http")
     servers, proxy = fleet(token_s=0.02)
@@ -143,6 +146,7 @@ def get_who(proxy: Nginx, headers: dict) -> http.client.HTTPResponse:
         conn.close()
 
 
+@pytest.mark.slow
 def test_request_id_and_api_key_pass_through_unchanged(fake_server, start_nginx):
     server = fake_server(FakeEngine())
     seen = echo_route(server)
@@ -158,6 +162,7 @@ def test_request_id_and_api_key_pass_through_unchanged(fake_server, start_nginx)
         assert access_entry(proxy, seen["id"])["status"] == 200
 
 
+@pytest.mark.slow
 def test_the_pc_names_the_client_behind_a_trusted_nginx(fake_server, start_nginx):
     server = fake_server(FakeEngine(), "--trusted-proxies", "127.0.0.1")
     seen = echo_route(server)
@@ -166,6 +171,7 @@ def test_the_pc_names_the_client_behind_a_trusted_nginx(fake_server, start_nginx
     assert seen["client"] == "127.0.0.2"
 
 
+@pytest.mark.slow
 def test_a_full_pc_is_skipped(fleet):
     servers, proxy = fleet("--max-queue", "1", token_s=0.02)
     held = fill(servers[0])
@@ -180,6 +186,7 @@ def test_a_full_pc_is_skipped(fleet):
     close_all(held)
 
 
+@pytest.mark.slow
 def test_no_503_reaches_the_client_until_every_pc_is_full(fleet):
     servers, proxy = fleet("--max-queue", "1", token_s=0.02)
     held = []
@@ -200,6 +207,7 @@ def test_no_503_reaches_the_client_until_every_pc_is_full(fleet):
     close_all(held)
 
 
+@pytest.mark.slow
 def test_a_pc_full_a_moment_ago_is_used_when_the_others_are_full(fleet):
     # A 503 makes nginx leave a PC out for 10 s; the backup entries still reach it.
     servers, proxy = fleet("--max-queue", "1", token_s=0.02)
@@ -216,6 +224,7 @@ def test_a_pc_full_a_moment_ago_is_used_when_the_others_are_full(fleet):
     close_all(held)
 
 
+@pytest.mark.slow
 def test_a_switched_off_pc_costs_one_connect_timeout(fake_server, start_nginx):
     # A PC that is off answers nothing: a socket whose backlog is full drops every SYN.
     silent = socket.socket()
@@ -277,6 +286,7 @@ def run_through(proxy: Nginx, request_id: str, stream: bool, results: dict) -> N
         results[request_id] = "cut"
 
 
+@pytest.mark.slow
 def test_a_pc_killed_mid_run_fails_only_what_it_was_answering(backends, start_nginx):
     pcs = [backends(token_s=0.05) for _ in range(3)]
     victim = pcs[0]
@@ -318,6 +328,7 @@ def test_a_pc_killed_mid_run_fails_only_what_it_was_answering(backends, start_ng
     assert all(access_entry(proxy, r.json()["id"])["pc"][-1] != victim.address for r in after)
 
 
+@pytest.mark.slow
 def test_a_stream_arrives_token_by_token(fleet):
     _, proxy = fleet(token_s=0.1)
     s = Stream(proxy.url, {"message": "count", "max_tokens": 10})
@@ -334,6 +345,7 @@ def test_a_stream_arrives_token_by_token(fleet):
     assert arrivals[0][0] < 0.5 and arrivals[-1][0] - arrivals[0][0] > 0.6, arrivals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leave", [leave_a_stream, leave_a_plain_request])
 def test_a_client_leaving_through_nginx_cancels_its_job(fleet, leave):
     servers, proxy = fleet(token_s=0.02, pcs=1)
@@ -342,6 +354,7 @@ def test_a_client_leaving_through_nginx_cancels_its_job(fleet, leave):
     assert servers[0].engine.tokens_made[-1] < 80
 
 
+@pytest.mark.slow
 def test_the_real_model_answers_the_same_through_nginx(embedded_server, start_nginx):
     proxy = start_nginx([embedded_server.url.removeprefix("http://")])
     body = {"message": "What is the capital of France? Answer in one word.", "max_tokens": 16}
@@ -391,6 +404,7 @@ def test_fleet_conf_refuses_bad_arguments(args):
     assert done.returncode == 2 and done.stderr and not done.stdout
 
 
+@pytest.mark.slow
 def test_nginx_logs_no_prompt(fleet):
     _, proxy = fleet()
     reply = chat(proxy.url, {"message": "a private question", "max_tokens": 2})
@@ -399,6 +413,7 @@ def test_nginx_logs_no_prompt(fleet):
     assert "private" not in "\n".join(proxy.access_lines())
 
 
+@pytest.mark.slow
 def test_no_pc_reachable_is_one_json_503(start_nginx):
     proxy = start_nginx([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])  # all off
     started = time.monotonic()

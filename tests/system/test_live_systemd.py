@@ -23,6 +23,8 @@ from tests.support.paths import ROOT
 from tests.support.servers import free_port
 from tests.support.systree import skip_unless_ci
 
+pytestmark = pytest.mark.slow  # ~6 minutes under a booted systemd
+
 SCRIPT = Path(os.environ.get("DESKCHAT_LIVE_SCRIPT", ROOT.parent / "shared/tools/live-systemd.sh"))
 LIMIT_S = 1200  # the slim run takes ~6 min; the full one ~9
 TEARDOWN_S = 180  # after SIGTERM: poweroff (SIGKILL to PID 1 after 90 s), unmount

@@ -197,6 +197,7 @@ def mdwe_wrapper() -> list[str]:
     return [sys.executable, "-c", MDWE_EXEC]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [

@@ -27,6 +27,9 @@ from tests.support.metrics import scrape, value
 from tests.support.servers import ServerProcess
 from tests.support.systree import skip_unless_ci
 
+# A real Chromium per test and the embedded model behind some: make check, not make test.
+pytestmark = pytest.mark.slow
+
 CHROMIUM_FLAGS = (
     "--headless=new",
     "--no-sandbox",

@@ -99,6 +99,7 @@ def test_openmp_threads_inherit_the_inference_mask() -> None:
     assert all(mask == rest for name, mask in tasks if name != host.INFERENCE_THREAD_NAME)
 
 
+@pytest.mark.slow
 def test_server_pins_locks_and_freezes(start_server) -> None:
     """The real server: inference threads on --cpu-affinity, all others off it; memory
     locked (root here, or a limit high enough); the GC policy applied after the warm-up."""
@@ -122,6 +123,7 @@ def test_server_pins_locks_and_freezes(start_server) -> None:
     assert "memory locked" in log and "objects frozen" in log
 
 
+@pytest.mark.slow
 def test_mlock_limit_too_low_is_one_clear_line(start_server) -> None:
     """Without CAP_IPC_LOCK and with the usual 8 MB limit: one WARNING naming the limit and
     LimitMEMLOCK=, and the server serves unlocked."""

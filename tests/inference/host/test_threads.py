@@ -222,6 +222,7 @@ def generate(engine, prompt_ids, counts) -> str:
     return text + stream.take_text()
 
 
+@pytest.mark.slow
 def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
     from inference.model.decoder import Segment
 
@@ -236,6 +237,7 @@ def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
     assert torch.equal(logits[0], logits[1])  # not so with float weights: THREAD_INVARIANT
 
 
+@pytest.mark.slow
 def test_the_answer_is_the_same_whatever_the_thread_count(engine_and_prompts):
     engine, prompts = engine_and_prompts
     long_question = "Summarize: " + "the launch moved to May and two engineers joined. " * 12

@@ -37,6 +37,7 @@ def test_a_table_of_another_dtype_is_not_mapped(tmp_path):
     assert map_tensor(file, "embed.weight") is None
 
 
+@pytest.mark.slow
 def test_the_loader_maps_the_checkpoints_embedding(embedded_dir):
     from safetensors import safe_open
     from transformers import AutoTokenizer

@@ -119,6 +119,7 @@ def fp32_answers(tokenizer, fp32_model):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("question", QUESTIONS)
 def test_int8_answers_match_fp32_or_differ_only_at_near_ties(
     question, tokenizer, fp32_answers, int8_model
@@ -157,6 +158,7 @@ def distance_from_fp32(fp32_answers, fp32_model, model) -> tuple[float, float]:
     return kl / count, agree / count
 
 
+@pytest.mark.slow
 def test_per_row_int8_next_token_distribution_stays_close_to_fp32(
     fp32_answers, fp32_model, row_model
 ):
@@ -165,6 +167,7 @@ def test_per_row_int8_next_token_distribution_stays_close_to_fp32(
     assert top1 >= MIN_TOP1_AGREEMENT, f"top-1 agreement {top1:.3f}"
 
 
+@pytest.mark.slow
 def test_seven_bit_rows_stay_far_closer_to_fp32_than_torch_ao_int8(
     fp32_answers, fp32_model, model_dir, tokenizer, monkeypatch
 ):
@@ -184,12 +187,14 @@ def test_seven_bit_rows_stay_far_closer_to_fp32_than_torch_ao_int8(
     assert top1 > ao_top1, f"7-bit rows: top-1 {top1:.3f}, torch.ao int8 {ao_top1:.3f}"
 
 
+@pytest.mark.slow
 def test_int8_knows_the_capital_of_france(tokenizer, int8_model):
     ids = prompt(tokenizer, "What is the capital of France?")
     got, _ = greedy(int8_model, ids, {tokenizer.convert_tokens_to_ids("<|im_end|>")})
     assert "Paris" in tokenizer.decode(got)
 
 
+@pytest.mark.slow
 def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
     ids = torch.tensor([[1, 50, 500, 5000]])
     want = fp32_model.get_input_embeddings()(ids)
@@ -219,6 +224,7 @@ def test_int4_linear_computes_the_dequantized_product():
     assert torch.allclose(got, want, atol=0.15, rtol=0.02)  # bf16 activations in the kernel
 
 
+@pytest.mark.slow
 def test_the_default_is_no_worse_than_llama_cpp_q4_k_m_on_the_text_set(
     model_dir, tokenizer, fp32_model, row_model
 ):

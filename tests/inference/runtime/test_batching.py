@@ -213,6 +213,7 @@ def test_health_shows_running_and_waiting_jobs(fake_server):
 # -- the real server -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_concurrent_requests_to_the_real_server_get_their_lone_answers(start_server):
     server = start_server("--model", "embedded", "--max-batch", "4")
     bodies = [{"message": q, "max_tokens": 20} for q in QUESTIONS]

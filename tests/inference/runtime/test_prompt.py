@@ -107,6 +107,7 @@ def test_a_tokenizer_without_its_build_copies_encodes_and_decodes_the_same(embed
     assert shed.get_vocab() == fresh.get_vocab()
 
 
+@pytest.mark.slow
 def test_the_loader_hands_handlers_and_worker_one_settled_tokenizer(embedded_dir):
     import dataclasses
 

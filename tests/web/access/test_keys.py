@@ -166,6 +166,7 @@ def test_short_key_refuses_to_start(start_server, tmp_path):
     assert "at least 16" in server.log() and "tooshort" not in server.log()
 
 
+@pytest.mark.slow
 def test_sighup_reloads_keys_without_dropping_a_request(start_server, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text(f"wiki:{KEY}\n")
