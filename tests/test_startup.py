@@ -276,6 +276,7 @@ def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow
 def test_sigterm_while_loading_exits_cleanly(start_server):
     server = start_server("--model", "embedded", ready=False)
     assert wait_until(lambda: "listening on" in server.log(), 30)
@@ -286,6 +287,7 @@ def test_sigterm_while_loading_exits_cleanly(start_server):
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow
 def test_a_model_without_chat_template_is_refused_clearly(start_server, tmp_path, embedded_dir):
     import shutil
 

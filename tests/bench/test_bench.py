@@ -116,6 +116,7 @@ def keep_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, keep_threads):
     from bench import step_jitter
 
@@ -128,6 +129,7 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, ke
         assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]
 
 
+@pytest.mark.slow
 def test_step_profile_splits_each_batchs_step_into_categories(embedded_dir, capsys, keep_threads):
     from bench import step_profile
 
@@ -216,6 +218,7 @@ def test_the_default_bench_runs_both_sides_and_prints_the_table(embedded_dir, tm
     assert "ratio" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
     embedded_dir, monkeypatch, keep_threads
 ):

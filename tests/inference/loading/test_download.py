@@ -270,6 +270,7 @@ def test_silent_endpoint_fails_within_30_s_with_advice(tmp_path):
     assert endpoint in str(info.value)
 
 
+@pytest.mark.slow
 def test_server_output_to_a_file_has_log_lines_not_progress_bars(hub, tmp_path):
     # What the journal gets: server.py's output is not a terminal. modelscope's tqdm bars
     # (carriage returns, cursor moves) became "[147B blob data]" there.

@@ -75,6 +75,7 @@ def batched(engine, jobs, joins=None, leaves=None) -> list[str]:
 GREEDY = Sampling(max_tokens=24)
 
 
+@pytest.mark.slow
 def test_greedy_answers_are_the_same_alone_and_in_any_batch(loaded):
     engine, prompts = loaded
     prompt_ids = [encode(prompts, q) for q in QUESTIONS]
@@ -85,6 +86,7 @@ def test_greedy_answers_are_the_same_alone_and_in_any_batch(loaded):
         assert got == [expected[i] for i in order], order
 
 
+@pytest.mark.slow
 def test_a_job_admitted_mid_way_and_a_long_prompt_change_no_answer(loaded):
     engine, prompts = loaded
     long_ids = encode(prompts, LONG)
@@ -96,6 +98,7 @@ def test_a_job_admitted_mid_way_and_a_long_prompt_change_no_answer(loaded):
     assert batched(engine, jobs, joins={1: 3, 2: 5}) == expected
 
 
+@pytest.mark.slow
 def test_seeded_sampling_and_stop_strings_stay_per_job(loaded):
     engine, prompts = loaded
     sampled = Sampling(max_tokens=24, temperature=0.9, top_p=0.9, seed=7)
@@ -112,6 +115,7 @@ def test_seeded_sampling_and_stop_strings_stay_per_job(loaded):
     assert batched(engine, jobs) == expected
 
 
+@pytest.mark.slow
 def test_a_job_that_leaves_does_not_harm_the_others(loaded):
     engine, prompts = loaded
     jobs = [(encode(prompts, q), GREEDY) for q in QUESTIONS[:3]]
@@ -235,6 +239,7 @@ def test_concurrent_requests_to_the_real_server_get_their_lone_answers(start_ser
     assert max(t["queued_ms"] for t in timings) < shortest_run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [150, 33], ids=["long", "one-row last chunk"])
 def test_a_prompts_cache_and_logits_do_not_depend_on_its_chunking(loaded, length):
     """The engine chunks a prompt by the load (big alone, small beside decoding streams):

@@ -11,6 +11,8 @@ from inference.runtime.engine import PREFILL_BLOCK
 from inference.runtime.jobs import Sampling
 from service.config import load_config
 
+pytestmark = pytest.mark.slow  # two model loads and three-turn conversations on each
+
 TURNS = [
     "What is the capital of France?",
     "And which river flows through it?",

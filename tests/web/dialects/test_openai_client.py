@@ -11,6 +11,8 @@ import pytest
 from tests.support.httpclient import request, wait_until
 from tests.support.servers import ServerProcess
 
+pytestmark = pytest.mark.slow  # a server.py of its own (keys, one place in the queue)
+
 KEY = "tool-key-" + "x" * 16
 # Not France: SmolLM2's first token there is a near-tie in fp32 (0.08 logits) that the int8
 # model may take either way (README, "Speed").
