@@ -1,4 +1,4 @@
-# The README's commands. `make run` and `make test` do all the set-up themselves.
+# The README's commands. `make run`, `make test` and `make check` do all the set-up themselves.
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: install run test lint bench bench-peer bench-latency clean
+.PHONY: install run test check lint bench bench-peer bench-latency clean
 
 install: $(VENV)/.installed
 
@@ -20,9 +20,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 run: install
 	$(PY) server.py
 
-test: install
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+# The fast suite (at most ~5 minutes on 2 cores): everything but the tests marked slow.
+test: lint
+	$(PY) -m pytest -m "not slow"
+
+# The whole suite, slow real-part runs included (CI runs this).
+check: lint
 	$(PY) -m pytest
 
 lint: install

@@ -10,14 +10,15 @@ import re
 import threading
 import time
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference.runtime.sampler import pick
 from service.errors import InvalidRequest
-from tests.fakes import FakeEngine
-from tests.httpclient import request
+from tests.support.fakes import FakeEngine
+from tests.support.httpclient import request
 from web.dialects.chat_api import parse_chat_request
 from web.dialects.openai_request import parse_completion_request
 
@@ -213,6 +214,7 @@ def hostile_body(rng: random.Random) -> tuple[str, dict]:
 SCHEMA_FUZZ_REQUESTS = int(os.environ.get("DESKCHAT_FUZZ_SCHEMA_REQUESTS", "48"))
 
 
+@pytest.mark.slow  # hostile schemas through the real model
 def test_hostile_schemas_get_no_500_and_leave_no_traceback(embedded_server):
     rng = random.Random(20261201)
     statuses: list[int] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 PACKAGES = ("service", "inference", "web", "bench")
 # Who may import whom, by top-level package (a package may always import itself).

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from tests.httpclient import chat, request
-from tests.systree import skip_unless_ci
+from tests.support.httpclient import chat, request
+from tests.support.systree import skip_unless_ci
 
 # Not the bare "What is the capital of France?": its first token is a near-tie in fp32
 # ("The" -1.883 vs "L" -1.965 log-prob), which qnnpack's rounding tips to "L'Alma, ...".
@@ -26,6 +26,7 @@ def qemu() -> list[str]:
     return ["nice", "-n", "10", path, "-cpu"]
 
 
+@pytest.mark.slow  # emulated: minutes per start
 @pytest.mark.parametrize(
     "model, isa, int8",
     [("Nehalem", "sse4.2", "qnnpack"), ("SandyBridge", "avx", "qnnpack")],
@@ -44,6 +45,7 @@ def test_starts_and_answers_on_an_old_cpu(model, isa, int8, qemu, start_server, 
     assert len(chosen) == 1, server.log()
 
 
+@pytest.mark.slow
 def test_onednn_int8_is_refused_on_nehalem_instead_of_dying(qemu, start_server):
     """oneDNN's int8 Linear dies with SIGILL there (exit 132 before this issue)."""
     server = start_server(

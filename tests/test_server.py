@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.httpclient import Stream, chat, request, stream_all, wait_until
+from tests.support.httpclient import Stream, chat, request, stream_all, wait_until
 
 
 def test_answers_a_factual_question(embedded_server):

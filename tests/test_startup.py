@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_NETWORK, free_port
-from tests.httpclient import Stream, chat, request, wait_until
+from tests.support.httpclient import Stream, chat, request, wait_until
+from tests.support.servers import NO_NETWORK, free_port
 
 
 def unreachable_hub() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
+@pytest.mark.slow
 def test_missing_default_model_falls_back_with_one_warning(start_server):
     server = start_server("--modelscope-endpoint", unreachable_hub(), ready=False)
     server.wait_ready(timeout=120)
@@ -71,7 +72,7 @@ def _truncated_weights(tmp_path, _held):
     import shutil
 
     from inference.loading.embedded import embedded_model_dir
-    from tests.conftest import TEST_CACHE
+    from tests.support.paths import TEST_CACHE
 
     folder = tmp_path / "truncated"
     shutil.copytree(embedded_model_dir(TEST_CACHE), folder)
@@ -140,7 +141,7 @@ def test_a_startup_misuse_is_one_line_and_exit_2(start_server, tmp_path, make_fl
 
 
 def test_a_model_id_the_hub_does_not_know_is_an_error_not_a_fallback(start_server):
-    from tests.modelscope_standin import ModelScopeStandin
+    from tests.support.modelscope_standin import ModelScopeStandin
 
     with ModelScopeStandin({"acme/tiny-chat": {"config.json": b"{}"}}) as hub:
         server = start_server(
@@ -192,6 +193,7 @@ class NotifyListener:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
     listener = NotifyListener()
     try:
@@ -222,12 +224,13 @@ def test_ready_is_sent_after_warm_up_and_watchdog_while_alive(start_server):
         listener.close()
 
 
+@pytest.mark.slow
 def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, tmp_path):
     """The whole first-start path: snapshot_download from a loopback hub, load, serve; then a
     second start from the cache with the hub gone and no fallback allowed."""
     from inference.loading.embedded import embedded_model_dir
-    from tests.conftest import TEST_CACHE
-    from tests.modelscope_standin import ModelScopeStandin
+    from tests.support.modelscope_standin import ModelScopeStandin
+    from tests.support.paths import TEST_CACHE
 
     model_dir = embedded_model_dir(TEST_CACHE)  # a real model to play the default one
     files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
@@ -237,7 +240,7 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
             "--modelscope-endpoint", hub.url, "--cache-dir", cache, "--strict-model"
         )
         assert "model.safetensors" in hub.file_requests()
-    # Not France: a near-tie in fp32 (tests/test_openai_client.py)
+    # Not France: a near-tie in fp32 (tests/web/dialects/test_openai_client.py)
     reply = chat(first.url, {"message": "What is the capital of Japan?"}).json()
     assert reply["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "Tokyo" in reply["response"]
     assert first.stop() == 0
@@ -252,6 +255,7 @@ def test_default_model_downloads_from_the_hub_then_starts_offline(start_server, 
     assert second.stop() == 0
 
 
+@pytest.mark.slow
 def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
     # At the shipped --max-batch: a whole batch runs, one more waits in the FIFO.
     server = start_server("--model", "embedded")
@@ -278,6 +282,7 @@ def test_sigterm_ends_running_and_queued_requests_with_503(start_server):
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow
 def test_sigterm_while_loading_exits_cleanly(start_server):
     server = start_server("--model", "embedded", ready=False)
     assert wait_until(lambda: "listening on" in server.log(), 30)
@@ -288,6 +293,7 @@ def test_sigterm_while_loading_exits_cleanly(start_server):
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow
 def test_a_model_without_chat_template_is_refused_clearly(start_server, tmp_path, embedded_dir):
     import shutil
 

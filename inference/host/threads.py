@@ -33,7 +33,7 @@ AWAKE = 0.5  # a span in which the threads ran or waited less than this share sl
 
 # Quantizations whose forward gives the same bits on one thread or several: their GEMMs are
 # integer (exact) and the float ops around them split no sums by thread
-# (tests/test_threads.py compares the logits). Float weights (none) and int4 (bf16
+# (tests/inference/host/test_threads.py compares the logits). Float weights (none) and int4 (bf16
 # activations, float accumulation) do split them: with those the count stays fixed, since a
 # near-tie could otherwise change an answer when the count changes.
 THREAD_INVARIANT = frozenset({"int8", "int8-row"})

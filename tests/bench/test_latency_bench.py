@@ -1,0 +1,113 @@
+"""bench/serving/latency.py and noise.py: what they record, start and stop (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench import stats
+from bench.serving import latency, noise
+from tests.support.fakes import FakeEngine
+
+
+def test_stream_once_records_ttft_and_every_gap(fake_server) -> None:
+    server = fake_server(FakeEngine(token_s=0.002))
+    result = latency.stream_once(server.url, max_tokens=12)
+    assert result["ttft_ms"] > 0
+    assert len(result["gaps_ms"]) == 11 and all(g >= 0 for g in result["gaps_ms"])
+
+
+def test_measure_counts_requests_and_errors(fake_server) -> None:
+    server = fake_server(FakeEngine(token_s=0.001))
+    cell = latency.measure(server.url, seconds=0.3, max_tokens=5)
+    assert cell["errors"] == 0 and cell["ttft_ms"]["n"] >= 1
+    assert cell["gap_ms"]["n"] == 4 * cell["ttft_ms"]["n"]
+    gone = latency.measure("http://127.0.0.1:1", seconds=0.05, max_tokens=5)
+    assert gone["errors"] >= 1 and gone["ttft_ms"]["n"] == 0
+
+
+def test_summary_quantiles_and_jitter() -> None:
+    s = stats.summary([10.0] * 98 + [30.0, 1000.0])
+    assert s["p50"] == 10 and s["max"] == 1000 and s["n"] == 100
+    assert s["jitter"] == pytest.approx(s["p99"] / 10, abs=0.01)
+    assert set(s) == {"p50", "p90", "p99", "p99.9", "max", "jitter", "n"}
+
+
+def test_settings_combine_and_describe() -> None:
+    both = latency.setting("dedicated+threads-1")
+    assert both.flags == ("--threads", "1") and both.nice == -10
+    assert "--threads 1" in both.describe() and "nice -10" in both.describe()
+    assert latency.setting("omp-passive").env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert all(latency.setting(name) for name in latency.FULL_TABLE)
+    with pytest.raises(SystemExit, match="unknown 'nope'"):
+        latency.setting("default+nope")
+
+
+def _report(label: str) -> dict:
+    cell = {
+        "ttft_ms": stats.summary([50.0, 60.0]),
+        "gap_ms": stats.summary([20.0, 21.0, 40.0]),
+        "errors": 0,
+        "loadavg_1m": [0.5, 1.5],
+        "noise": "cpu",
+    }
+    return {
+        "meta": {"model": "embedded", "loadavg_1m_start": 0.5},
+        "settings": {label: "server defaults"},
+        "cells": {label: {"quiet": cell, "cpu": cell}},
+    }
+
+
+def test_table_has_every_cell_and_the_settings(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report("tuned: default")))
+    b.write_text(json.dumps(_report("untuned: default")))
+    text = latency.format_report(latency.merge([a, b]))
+    rows = [line for line in text.splitlines() if line.startswith("| tuned: default |")]
+    compact = [row for row in rows if "·" in row]
+    assert len(rows) == 3 and len(compact) == 1  # one compact row, one full row per condition
+    assert compact[0].count("·") == 2  # quiet and cpu side by side
+    assert text.count("| untuned: default | cpu | 2 | 0 |") == 1
+    assert "- tuned: default: server defaults" in text
+    assert text.count('"loadavg_1m_start": 0.5') == 2  # both runs' meta
+
+
+def test_cpu_noise_is_one_process_per_cpu_and_stops_by_pid() -> None:
+    with noise.Noise("cpu", seconds=30, cpus=2) as running:
+        pids = [p.pid for p in running.procs]
+        assert len(pids) == 2
+        assert all(os.getsid(pid) == pid for pid in pids)  # own session: own autogroup
+        assert all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in pids)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with noise.Noise("quiet", seconds=30) as nothing:
+        assert nothing.procs == []
+
+
+def test_memory_noise_takes_what_it_may_and_reads_the_file(tmp_path: Path) -> None:
+    file = tmp_path / "cache.bin"
+    with noise.Noise("memory", seconds=30, memory_cap_mb=128, file=file, file_mb=8) as running:
+        assert running.report.startswith("ready 128 MB held")
+        status = Path(f"/proc/{running.procs[0].pid}/status").read_text()
+        rss_kb = int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1])
+        assert rss_kb >= 128 * 1024  # touched, not only reserved
+    assert file.stat().st_size == 8 << 20
+
+
+def test_memory_noise_never_goes_below_the_margin(monkeypatch) -> None:
+    """It stops taking memory before MemAvailable would fall under the margin."""
+    margin, chunk = 1 << 30, noise.CHUNK
+    available = iter([margin + 2 * chunk, margin + chunk, margin + chunk - 1])
+    monkeypatch.setattr(noise, "meminfo_bytes", lambda _field: next(available))
+    assert len(noise.take_memory(None, margin)) == 2
+    available = iter([margin + 9 * chunk] * 9)
+    assert len(noise.take_memory(2 * chunk, margin)) == 2  # the cap holds too
+
+
+def test_unknown_condition_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown condition"):
+        noise.Noise("disk", seconds=1)

@@ -1,0 +1,88 @@
+"""Admission that knows the cost: the prompt budget, and refusing at once what cannot get its
+first token before the deadline, from the worker's measured prefill rate and queue wait.
+Scripted engine (prompt ids are the code points of the message: its length in tokens)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from inference.runtime.jobs import Job, Sampling
+from inference.runtime.worker import FIRST_PREFILL_GUESS_S, Worker
+from tests.support.fakes import FakeEngine
+from tests.support.httpclient import chat, wait_until
+
+
+def error_of(reply, status: int, kind: str) -> str:
+    assert reply.status == status, reply.body
+    error = reply.json()["error"]
+    assert error["type"] == kind
+    return error["message"]
+
+
+def test_prefill_rate_is_measured_and_the_first_measurement_replaces_the_guess():
+    worker = Worker(FakeEngine(token_s=0.001, prefill_token_s=0.002), max_queue=2).start()
+    try:
+        assert not worker.measured
+        assert worker.expected_prefill_s(1000) == pytest.approx(1000 * FIRST_PREFILL_GUESS_S)
+        worker.run_now([7] * 100, Sampling(max_tokens=2))  # 0.2 s of prefill: 2 ms a token
+        assert worker.measured
+        assert worker.expected_prefill_s(1000) == pytest.approx(2.0, rel=0.25)
+        worker.run_now([7] * 10, Sampling(max_tokens=2))  # overhead-heavy: slower per token
+        after = worker.expected_prefill_s(1000)
+        assert after > 2.0 * 0.9  # moved towards it, not replaced by it
+    finally:
+        worker.stop()
+
+
+def test_prompt_over_the_budget_is_413_with_both_numbers(fake_server):
+    server = fake_server(FakeEngine(), "--max-prompt-tokens", "50")
+    message = error_of(chat(server.url, {"message": "x" * 51}), 413, "too_large")
+    assert "51" in message and "50" in message and "--max-prompt-tokens" in message
+    assert chat(server.url, {"message": "y" * 50, "max_tokens": 2}).status == 200
+    assert server.engine.ran == [[ord("y")] * 50]
+
+
+def test_prefill_that_can_never_fit_the_deadline_is_413_at_once(fake_server):
+    # 10 ms of prefill per prompt token: 100 tokens/s, against a 1 s deadline.
+    engine = FakeEngine(token_s=0.001, prefill_token_s=0.01)
+    server = fake_server(engine, "--request-timeout", "1")
+    server.worker.run_now([1] * 20, Sampling(max_tokens=1))  # the warm-up: the measurement
+    started = time.monotonic()
+    message = error_of(chat(server.url, {"message": "z" * 300}), 413, "too_large")
+    assert time.monotonic() - started < 1.0  # refused at once, not after the deadline
+    assert "300 tokens" in message and "1 s request deadline" in message
+    assert "prompt tokens/s" in message
+    assert [ord("z")] * 300 not in engine.ran
+    # One that fits is served.
+    assert chat(server.url, {"message": "w" * 50, "max_tokens": 2}).status == 200
+
+
+def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(fake_server):
+    # Each job is 20 tokens of 0.1 s: 2 s. The deadline is 4 s, so behind the running job
+    # and three queued ones (about 8 s) no request can get its first token in time.
+    engine = FakeEngine(token_s=0.1, prefill_token_s=0.0001)
+    server = fake_server(engine, "--request-timeout", "4", "--max-queue", "4", "--max-batch", "1")
+    server.worker.run_now([1] * 10, Sampling(max_tokens=20))  # measures a 2 s job
+    ahead = [
+        server.worker.submit(Job([2] * 10, Sampling(max_tokens=20), timeout_s=60)) for _ in range(4)
+    ]
+    try:
+        assert wait_until(lambda: server.worker.busy and server.worker.depth == 3, 5)
+        started = time.monotonic()
+        reply = chat(server.url, {"message": "late", "max_tokens": 2})
+        assert time.monotonic() - started < 1.0  # refused at once, not a 504 after 4 s
+        message = error_of(reply, 503, "overloaded")
+        assert "4 s request deadline" in message
+        assert server.worker.depth == 3  # the queue was not full: the cost refused it
+        # Retry when the wait ahead (about 8 s) has drained to what fits: about 4 s.
+        wait_s = server.worker.expected_start_s(3)
+        retry_ms = int(reply.headers["retry-after-ms"])
+        assert (wait_s - 4) * 1000 - 1500 < retry_ms < (wait_s - 4) * 1000 + 1500
+        assert 2 <= int(reply.headers["retry-after"]) <= 6
+    finally:
+        for job in ahead:
+            job.cancel()
+    # With the queue gone, the same request is served.
+    assert chat(server.url, {"message": "late", "max_tokens": 2}).status == 200

@@ -1,0 +1,116 @@
+"""A scripted engine for tests about queueing and timing, where the real model is slow; its
+prompt ids (code points) and a reader of a job's events to the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from inference.runtime.jobs import Delta, Generation, Job
+from inference.runtime.prompt import PromptBuilder
+
+
+class FakeStream:
+    def __init__(self, prompt_ids, sampling, prefill_s: float):
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.prefill_s = prefill_s  # still to sleep before the first token
+        self.opened = time.monotonic()
+        self.finish: str | None = None if sampling.max_tokens > 0 else "length"
+        self.completion_tokens = 0
+        self.ttft_s = 0.0
+        self.text = ""
+        self.error = None
+
+    def take_text(self) -> str:
+        text, self.text = self.text, ""
+        return text
+
+
+class FakeEngine:
+    """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops), one per `token_s`
+    seconds per step, whatever the number of streams in the step (a batch costs what one
+    stream does); records the order jobs started in."""
+
+    name = "fake"
+    batch_invariant = True
+
+    def __init__(
+        self,
+        token_s: float = 0.01,
+        fail_on: str | None = None,
+        prefill_s: float = 0.0,
+        reply: list[str] | None = None,
+        prefill_token_s: float = 0.0,
+        bytes_per_token: int = 0,
+    ):
+        self.token_s = token_s
+        self.reply = reply
+        self.fail_on = fail_on
+        self.prefill_s = prefill_s  # an uninterruptible pause before the first token
+        self.prefill_token_s = prefill_token_s  # more of it per prompt token
+        self.bytes_per_token = bytes_per_token  # KV cache a job reserves, per token
+        self.ran: list[list[int]] = []  # prompt ids, in the order generation started
+        self.tokens_made: list[int] = []  # tokens produced per job
+        self.batch_sizes: list[int] = []  # streams per step
+        self.started = threading.Event()
+
+    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        return self.bytes_per_token * (prompt_tokens + max_tokens)
+
+    def open(self, prompt_ids, sampling) -> FakeStream:
+        self.ran.append(list(prompt_ids))
+        self.started.set()
+        if self.fail_on is not None and prompt_ids == [ord(c) for c in self.fail_on]:
+            raise RuntimeError("scripted failure")
+        prefill_s = self.prefill_s + self.prefill_token_s * len(prompt_ids)
+        return FakeStream(list(prompt_ids), sampling, prefill_s)
+
+    def step(self, streams: list[FakeStream]) -> None:
+        active = [s for s in streams if s.finish is None]
+        self.batch_sizes.append(len(active))
+        for stream in active:
+            time.sleep(stream.prefill_s)
+            stream.prefill_s = 0.0
+        time.sleep(self.token_s)
+        for stream in active:
+            stream.completion_tokens += 1
+            made = stream.completion_tokens
+            stream.ttft_s = stream.ttft_s or time.monotonic() - stream.opened
+            stream.text += f"w{made} " if self.reply is None else self.reply[made - 1]
+            if self.reply is not None and made == len(self.reply):
+                stream.finish = "stop"
+            elif made >= stream.sampling.max_tokens:
+                stream.finish = "length"
+
+    def close(self, stream: FakeStream, interrupted: bool = False) -> Generation:
+        self.tokens_made.append(stream.completion_tokens)
+        finish = "interrupted" if interrupted or stream.finish is None else stream.finish
+        return Generation(finish, stream.completion_tokens, stream.ttft_s)
+
+
+class FakePrompts(PromptBuilder):
+    """Encodes a chat as the code points of the last message: readable ids for FIFO checks."""
+
+    def __init__(self, context_tokens: int = 4096):
+        super().__init__(tokenizer=None, context_tokens=context_tokens)
+
+    def encode(self, messages, system=None):
+        return [ord(c) for c in messages[-1]["content"]]
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def terminal_events(job: Job, timeout: float = 10) -> tuple[list, object]:
+    """All deltas, the terminal item, and a check that nothing follows it."""
+    deltas = []
+    while True:
+        event = job.events.get(timeout=timeout)
+        if isinstance(event, Delta):
+            deltas.append(event.text)
+            continue
+        time.sleep(0.05)
+        assert job.events.empty(), "something came after the terminal item"
+        return deltas, event

@@ -1,0 +1,10 @@
+"""Where things are: the checkout (ROOT) and the test cache of converted models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Converted models are kept between runs so only the first run pays for the conversion.
+TEST_CACHE = Path(os.environ.get("DESKCHAT_TEST_CACHE", ROOT / ".test-cache"))
