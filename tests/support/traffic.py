@@ -11,13 +11,20 @@ import time
 from tests.support.httpclient import Stream, wait_until
 
 
-def fill_queue(server, max_tokens: int = 100_000):
-    """The batch full of long jobs and the queue full behind it; returns the open streams."""
+def fill_batch(server, max_tokens: int = 100_000) -> list[Stream]:
+    """Every batch place running a job of `max_tokens` (the first is "run", then "run1"...);
+    returns their open streams."""
     streams = [Stream(server.url, {"message": "run", "max_tokens": max_tokens})]
     assert server.engine.started.wait(5)
-    for i in range(1, server.config.max_batch):
+    for i in range(1, server.worker.max_batch):
         streams.append(Stream(server.url, {"message": f"run{i}", "max_tokens": max_tokens}))
-    assert wait_until(lambda: server.worker.running == server.config.max_batch, 5)
+    assert wait_until(lambda: server.worker.running == server.worker.max_batch, 5)
+    return streams
+
+
+def fill_queue(server, max_tokens: int = 100_000):
+    """The batch full of long jobs and the queue full behind it; returns the open streams."""
+    streams: list = fill_batch(server, max_tokens)
     for i in range(server.config.max_queue):
         streams.append(Stream_in_thread(server.url, {"message": f"wait{i}"}))
     assert wait_until(lambda: server.worker.depth == server.config.max_queue, 5)

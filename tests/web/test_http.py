@@ -9,9 +9,10 @@ import time
 import pytest
 
 from tests.support.fakes import FakeEngine
-from tests.support.httpclient import Stream, chat, request, stream_all, wait_until
+from tests.support.httpclient import chat, request, stream_all, wait_until
 from tests.support.traffic import (
     Stream_in_thread,
+    fill_batch,
     fill_queue,
     leave_a_plain_request,
     leave_a_stream,
@@ -250,31 +251,31 @@ def test_client_leaving_stops_its_running_job(fake_server, leave):
 
 
 def test_client_leaving_while_queued_drops_the_job(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02), "--max-batch", "1")
-    runner = Stream(server.url, {"message": "run", "max_tokens": 50})
-    assert server.engine.started.wait(5)
+    server = fake_server(FakeEngine(token_s=0.02))
+    runners = fill_batch(server, max_tokens=50)
     sock = raw_post(server.url, {"message": "gone"})
     assert wait_until(lambda: server.worker.depth == 1, 2)
     sock.close()
-    list(runner.events())
-    runner.close()
+    for runner in runners:
+        list(runner.events())
+        runner.close()
     assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 3)
     assert [ord(c) for c in "gone"] not in server.engine.ran
 
 
 def test_clients_that_left_the_queue_never_cause_a_503(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02), "--max-queue", "2", "--max-batch", "1")
-    runner = Stream(server.url, {"message": "run", "max_tokens": 40})
-    assert server.engine.started.wait(5)
+    server = fake_server(FakeEngine(token_s=0.02), "--max-queue", "2")
+    runners = fill_batch(server, max_tokens=40)
     socks = queue_raw_clients(server, ["gone0", "gone1"])
     for sock in socks:
         sock.close()
-    assert wait_until(lambda: server.worker.depth == 0, 1)  # at once, not after `run`
-    assert server.worker.busy
+    assert wait_until(lambda: server.worker.depth == 0, 1)  # at once, not after the batch
+    assert server.worker.running == server.worker.max_batch
     newcomers = [Stream_in_thread(server.url, {"message": f"new{i}"}) for i in range(2)]
     assert wait_until(lambda: server.worker.depth == 2, 2)
-    list(runner.events())
-    runner.close()
+    for runner in runners:
+        list(runner.events())
+        runner.close()
     for c in newcomers:
         c.close()
         assert c.stream.status == 200
@@ -312,15 +313,16 @@ def test_json_without_content_type_is_accepted(fake_server):
 
 
 def test_requests_are_answered_in_arrival_order(fake_server):
-    server = fake_server(FakeEngine(token_s=0.01), "--max-queue", "6", "--max-batch", "1")
-    runner = Stream_in_thread(server.url, {"message": "run", "max_tokens": 1000})
-    assert server.engine.started.wait(5)
+    # The queue holds more than a batch, so the queued ones start over several admissions.
+    server = fake_server(FakeEngine(token_s=0.01), "--max-queue", "6")
+    runners = fill_batch(server, max_tokens=1000)
     names = [f"client{i}" for i in range(6)]
     clients = []
     for depth, name in enumerate(names, start=1):
         clients.append(Stream_in_thread(server.url, {"message": name, "max_tokens": 2}))
         assert wait_until(lambda d=depth: server.worker.depth == d, 5)  # arrived, in order
-    for c in [runner, *clients]:
+    for c in [*runners, *clients]:
         c.close()
-    assert wait_until(lambda: len(server.engine.ran) == 7, 10)
-    assert server.engine.ran[1:] == [[ord(c) for c in name] for name in names]
+    batch = server.worker.max_batch
+    assert wait_until(lambda: len(server.engine.ran) == batch + len(names), 10)
+    assert server.engine.ran[batch:] == [[ord(c) for c in name] for name in names]
