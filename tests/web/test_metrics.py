@@ -16,7 +16,7 @@ from tests.support.keys import KEY, OTHER
 from tests.support.metrics import scrape, value
 from tests.support.servers import free_port
 from tests.support.systree import skip_unless_ci
-from tests.support.traffic import queue_raw_clients, raw_post
+from tests.support.traffic import fill_batch, queue_raw_clients, raw_post
 
 V1 = "/v1/chat/completions"
 
@@ -139,31 +139,32 @@ def test_loading_is_counted_as_a_rejection(fake_server):
 
 
 def test_full_queue_rejections_and_busy_gauges(fake_server):
-    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2", "--max-batch", "1")
-    runner = Stream(server.url, {"message": "run", "max_tokens": 100_000})
-    assert server.engine.started.wait(5)
+    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "2")
+    runners = fill_batch(server)
+    batch = len(runners)
     waiting = queue_raw_clients(server, ["wait0", "wait1"])
     for _ in range(3):
         assert chat(server.url, {"message": "one too many"}).status == 503
     busy = scrape(server.url)
     assert value(busy, "deskchat_queue_depth") == 2
-    assert value(busy, "deskchat_running_jobs") == 1
-    for sock in waiting:  # everyone leaves: the queued ones first, then the running one
+    assert value(busy, "deskchat_running_jobs") == batch
+    for sock in waiting:  # everyone leaves: the queued ones first, then the running ones
         sock.close()
     assert wait_until(lambda: server.worker.depth == 0, 5)  # their handlers saw them go
-    runner.close()
+    for runner in runners:
+        runner.close()
     assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 5)
 
-    samples = settled(server.url, {("/chat", "503", ""): 3, ("/chat", "499", ""): 3})
+    samples = settled(server.url, {("/chat", "503", ""): 3, ("/chat", "499", ""): 2 + batch})
     assert series(samples, "deskchat_rejections_total") == {(("reason", "overloaded"),): 3}
     cancelled = series(samples, "deskchat_cancellations_total")
-    assert cancelled == {(("stage", "queued"),): 2, (("stage", "running"),): 1}
+    assert cancelled == {(("stage", "queued"),): 2, (("stage", "running"),): batch}
     assert value(samples, "deskchat_queue_depth") == 0
     assert value(samples, "deskchat_running_jobs") == 0
 
 
 def test_cancellations_by_stage(fake_server):
-    server = fake_server(FakeEngine(token_s=0.02), "--max-batch", "1")
+    server = fake_server(FakeEngine(token_s=0.02))
     # running: a stream left after a few tokens, and a plain request left while generating
     stream = Stream(server.url, {"message": "long", "max_tokens": 100_000})
     events = stream.events()
@@ -175,17 +176,18 @@ def test_cancellations_by_stage(fake_server):
     assert wait_until(lambda: server.worker.busy, 2)
     sock.close()
     assert wait_until(lambda: not server.worker.busy, 2)
-    # queued: two requests that leave while a third runs
-    runner = Stream(server.url, {"message": "run", "max_tokens": 40})
-    assert wait_until(lambda: server.worker.busy, 2)
+    # queued: two requests that leave while a full batch runs
+    runners = fill_batch(server, max_tokens=40)
     socks = queue_raw_clients(server, ["gone0", "gone1"])
     for s in socks:
         s.close()
-    list(runner.events())
-    runner.close()
+    for runner in runners:
+        list(runner.events())
+        runner.close()
     assert wait_until(lambda: not server.worker.busy and server.worker.depth == 0, 3)
 
-    samples = settled(server.url, {("/chat", "499", ""): 4, ("/chat", "200", ""): 1})
+    ended = {("/chat", "499", ""): 4, ("/chat", "200", ""): len(runners)}
+    samples = settled(server.url, ended)
     cancelled = series(samples, "deskchat_cancellations_total")
     assert cancelled == {(("stage", "running"),): 2, (("stage", "queued"),): 2}
     assert series(samples, "deskchat_rejections_total") == {}
