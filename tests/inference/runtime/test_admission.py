@@ -60,24 +60,31 @@ def test_prefill_that_can_never_fit_the_deadline_is_413_at_once(fake_server):
 
 
 def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(fake_server):
-    # Each job is 20 tokens of 0.1 s: 2 s. The deadline is 4 s, so behind the running job
-    # and three queued ones (about 8 s) no request can get its first token in time.
+    # Each job is 40 tokens of 0.1 s: 4 s. The deadline is 4 s, so behind a full batch (the
+    # first ends in about 4 s) and a queue one short of full (at the shipped 4 and 4: one
+    # more ends every 4 s / max_batch, 3 s in all) no request can get its first token in time.
     engine = FakeEngine(token_s=0.1, prefill_token_s=0.0001)
-    server = fake_server(engine, "--request-timeout", "4", "--max-queue", "4", "--max-batch", "1")
-    server.worker.run_now([1] * 10, Sampling(max_tokens=20))  # measures a 2 s job
-    ahead = [
-        server.worker.submit(Job([2] * 10, Sampling(max_tokens=20), timeout_s=60)) for _ in range(4)
-    ]
+    server = fake_server(engine, "--request-timeout", "4")
+    batch, queued = server.worker.max_batch, server.worker.capacity - 1
+    server.worker.run_now([1] * 10, Sampling(max_tokens=40))  # measures a 4 s job
+
+    def submit(count: int) -> list[Job]:
+        job = lambda: Job([2] * 10, Sampling(max_tokens=40), timeout_s=60)  # noqa: E731
+        return [server.worker.submit(job()) for _ in range(count)]
+
+    ahead = submit(batch)
     try:
-        assert wait_until(lambda: server.worker.busy and server.worker.depth == 3, 5)
+        assert wait_until(lambda: server.worker.running == batch, 5)
+        ahead += submit(queued)
+        assert server.worker.depth == queued
         started = time.monotonic()
         reply = chat(server.url, {"message": "late", "max_tokens": 2})
         assert time.monotonic() - started < 1.0  # refused at once, not a 504 after 4 s
         message = error_of(reply, 503, "overloaded")
         assert "4 s request deadline" in message
-        assert server.worker.depth == 3  # the queue was not full: the cost refused it
-        # Retry when the wait ahead (about 8 s) has drained to what fits: about 4 s.
-        wait_s = server.worker.expected_start_s(3)
+        assert server.worker.depth == queued  # the queue was not full: the cost refused it
+        # Retry when the wait ahead (about 7 s) has drained to what fits: about 3 s.
+        wait_s = server.worker.expected_start_s(queued)
         retry_ms = int(reply.headers["retry-after-ms"])
         assert (wait_s - 4) * 1000 - 1500 < retry_ms < (wait_s - 4) * 1000 + 1500
         assert 2 <= int(reply.headers["retry-after"]) <= 6

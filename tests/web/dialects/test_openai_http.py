@@ -208,7 +208,7 @@ def test_what_langchain_sends_by_default_is_accepted(fake_server, stream):
 
 
 def test_full_queue_is_503_with_short_retry_headers(fake_server):
-    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "1", "--max-batch", "1")
+    server = fake_server(FakeEngine(token_s=0.05), "--max-queue", "1")
     streams = fill_queue(server)
     reply = completion(server, {"messages": HELLO})
     assert_openai_error(reply, 503, "overloaded")
