@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from inference.runtime.worker import Worker
+from service.config import Config
 from tests.support.fakes import FakeEngine
 from tests.support.paths import TEST_CACHE
 from tests.support.servers import InProcessServer, ServerProcess
@@ -67,11 +68,15 @@ def embedded_server(tmp_path_factory):
 
 @pytest.fixture
 def worker_for():
-    """Workers around scripted engines, stopped at teardown."""
+    """Workers around scripted engines, stopped at teardown; at the shipped --max-queue and
+    --max-batch unless a test says otherwise."""
     workers = []
 
     def make(
-        engine: FakeEngine, max_queue: int = 4, max_batch: int = 1, memory: int | None = None
+        engine: FakeEngine,
+        max_queue: int = Config.max_queue,
+        max_batch: int = Config.max_batch,
+        memory: int | None = None,
     ) -> Worker:
         w = Worker(engine, max_queue, max_batch=max_batch, batch_memory=memory).start()
         workers.append(w)

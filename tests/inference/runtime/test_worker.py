@@ -15,6 +15,22 @@ from tests.support.fakes import FakeEngine, ids, terminal_events
 from tests.support.httpclient import wait_until
 
 
+def fill_batch(worker: Worker, max_tokens: int = 10_000) -> list[Job]:
+    """Every batch place running a long job ("run0", "run1"...), submitted one by one so a
+    short queue never overflows; returns them."""
+    jobs = []
+    for i in range(worker.max_batch):
+        job = Job(ids(f"run{i}"), Sampling(max_tokens=max_tokens), timeout_s=30)
+        jobs.append(worker.submit(job))
+        assert wait_until(lambda n=i + 1: worker.running == n, 5)
+    return jobs
+
+
+def cancel(jobs: list[Job]) -> None:
+    for job in jobs:
+        job.cancel()
+
+
 def test_jobs_run_in_submission_order_from_many_threads(worker_for):
     engine = FakeEngine(token_s=0.001)
     worker = worker_for(engine, max_queue=64)
@@ -54,8 +70,7 @@ def test_done_carries_usage_and_timings(worker_for):
 def test_full_queue_refuses_at_once_with_retry_after(worker_for):
     engine = FakeEngine(token_s=0.05)
     worker = worker_for(engine, max_queue=2)
-    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
-    assert engine.started.wait(5)
+    running = fill_batch(worker, max_tokens=100)
     waiting = [
         worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30)) for i in range(2)
     ]
@@ -64,7 +79,7 @@ def test_full_queue_refuses_at_once_with_retry_after(worker_for):
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
     assert time.monotonic() - started < 0.1
     assert refused.value.retry_after_s > 0
-    running.cancel()
+    cancel(running)
     for job in waiting:
         assert isinstance(terminal_events(job)[1], Done)
 
@@ -76,44 +91,43 @@ def test_retry_after_is_the_measured_rest_of_the_running_job(worker_for):
     done = worker.run_now(ids("warm-up"), Sampling(max_tokens=4))
     measured = (done.total_ms - done.queued_ms) / 1000  # about 0.2 s: replaces the 5 s guess
 
-    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
-    assert wait_until(lambda: worker.busy, 5)
+    running = fill_batch(worker, max_tokens=100)
     for i in range(2):
         worker.submit(Job(ids(f"q{i}"), Sampling(max_tokens=1), timeout_s=30))
     with pytest.raises(Overloaded) as refused:
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
     assert 0 <= refused.value.retry_after_s <= measured
-    time.sleep(measured / 2)  # the running job's elapsed time counts
+    time.sleep(measured / 2)  # the oldest running job's elapsed time counts
     assert worker.expected_start_s(0) <= measured / 2 + 0.01
-    # Each job ahead adds one average job time.
+    # Each job ahead adds one average job time shared by the batch: max_batch end per job time.
     ahead = worker.expected_start_s(2) - worker.expected_start_s(0)
-    assert ahead == pytest.approx(2 * measured, abs=0.02)
-    running.cancel()
+    assert ahead == pytest.approx(2 * measured / worker.max_batch, abs=0.02)
+    cancel(running)
 
 
 def test_retry_after_starts_from_a_guess_until_a_job_is_measured(worker_for):
     engine = FakeEngine(token_s=0.05)
     worker = worker_for(engine, max_queue=1)
-    running = worker.submit(Job(ids("run"), Sampling(max_tokens=100), timeout_s=30))
-    assert wait_until(lambda: worker.busy, 5)
+    running = fill_batch(worker, max_tokens=100)
     waiting = worker.submit(Job(ids("q"), Sampling(max_tokens=1), timeout_s=30))
     with pytest.raises(Overloaded) as refused:
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
     assert 4 < refused.value.retry_after_s <= 5
     waiting.cancel()
-    running.cancel()  # interrupted jobs are not measured
+    cancel(running)  # interrupted jobs are not measured
     assert wait_until(lambda: worker.depth == 0 and not worker.busy, 5)
-    assert worker.expected_start_s(1) == pytest.approx(5)
+    # Idle, the first job behind a whole batch waits for one job: still the 5 s guess.
+    assert worker.expected_start_s(worker.max_batch) == pytest.approx(5)
 
 
 def test_deadline_passed_in_queue_is_a_timeout_and_never_runs(worker_for):
     engine = FakeEngine(token_s=0.05)
     worker = worker_for(engine)
-    blocker = worker.submit(Job(ids("block"), Sampling(max_tokens=10), timeout_s=30))
+    blockers = fill_batch(worker, max_tokens=10)
     late = worker.submit(Job(ids("late"), Sampling(max_tokens=5), timeout_s=0.1))
     _, outcome = terminal_events(late)
     assert isinstance(outcome, Failed) and isinstance(outcome.error, Timeout)
-    assert isinstance(terminal_events(blocker)[1], Done)
+    assert all(isinstance(terminal_events(b)[1], Done) for b in blockers)
     assert ids("late") not in engine.ran
 
 
@@ -141,21 +155,20 @@ def test_cancel_stops_a_running_job_within_a_couple_of_tokens(worker_for):
 def test_cancelled_while_queued_never_runs(worker_for):
     engine = FakeEngine(token_s=0.02)
     worker = worker_for(engine)
-    blocker = worker.submit(Job(ids("block"), Sampling(max_tokens=10), timeout_s=30))
+    blockers = fill_batch(worker, max_tokens=10)
     gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=10), timeout_s=30))
     gone.cancel()
-    assert isinstance(terminal_events(blocker)[1], Done)
+    assert all(isinstance(terminal_events(b)[1], Done) for b in blockers)
     assert isinstance(terminal_events(gone)[1].error, Cancelled)
     assert ids("gone") not in engine.ran
 
 
 def test_dead_waiting_jobs_free_their_slots_at_once(worker_for):
     """A queued job whose client left or whose deadline passed ends and leaves the FIFO at
-    once, while the running job still runs: its slot goes to the next live job."""
+    once, while the running jobs still run: its slot goes to the next live job."""
     engine = FakeEngine(token_s=0.02)
     worker = worker_for(engine, max_queue=3)
-    running = worker.submit(Job(ids("run"), Sampling(max_tokens=10_000), timeout_s=30))
-    assert engine.started.wait(5)
+    running = fill_batch(worker)
     first = worker.submit(Job(ids("first"), Sampling(max_tokens=1), timeout_s=30))
     gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=1), timeout_s=30))
     late = worker.submit(Job(ids("late"), Sampling(max_tokens=1), timeout_s=0.2))
@@ -170,11 +183,16 @@ def test_dead_waiting_jobs_free_their_slots_at_once(worker_for):
     third = worker.submit(Job(ids("third"), Sampling(max_tokens=1), timeout_s=30))
     with pytest.raises(Overloaded):  # three live jobs wait: the bound still holds
         worker.submit(Job(ids("extra"), Sampling(max_tokens=1), timeout_s=30))
-    assert worker.busy and not running.events.empty()  # all of that while `run` ran
-    running.cancel()
+    # all of that while the batch ran
+    assert worker.running == worker.max_batch and not any(r.events.empty() for r in running)
+    cancel(running)
     for job in (first, second, third):
         assert isinstance(terminal_events(job)[1], Done)
-    assert engine.ran == [ids("run"), ids("first"), ids("second"), ids("third")]
+    assert engine.ran == [job.prompt_ids for job in running] + [
+        ids("first"),
+        ids("second"),
+        ids("third"),
+    ]
 
 
 def test_engine_failure_reaches_its_job_and_the_worker_goes_on(worker_for):
@@ -192,12 +210,11 @@ def test_engine_failure_reaches_its_job_and_the_worker_goes_on(worker_for):
 def test_stop_ends_waiting_and_running_jobs(worker_for):
     engine = FakeEngine(token_s=0.02)
     worker = worker_for(engine)
-    running = worker.submit(Job(ids("run"), Sampling(max_tokens=10_000), timeout_s=30))
+    running = fill_batch(worker)
     waiting = worker.submit(Job(ids("wait"), Sampling(max_tokens=10), timeout_s=30))
-    assert engine.started.wait(5)
     worker.stop()
     assert not worker.alive
-    assert isinstance(terminal_events(running)[1].error, Unavailable)
+    assert all(isinstance(terminal_events(r)[1].error, Unavailable) for r in running)
     assert isinstance(terminal_events(waiting)[1].error, Unavailable)
     with pytest.raises(Unavailable):
         worker.submit(Job(ids("late"), Sampling(max_tokens=1), timeout_s=30))
