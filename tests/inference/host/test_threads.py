@@ -161,7 +161,7 @@ def test_thread_waits_reads_this_process_threads():
 
 def test_the_worker_paces_every_step(worker_for):
     engine = FakeEngine(token_s=0.001)
-    worker = worker_for(engine, max_queue=4, max_batch=2)
+    worker = worker_for(engine)
     paced = []
     worker.pace = lambda: paced.append(len(engine.batch_sizes))
     jobs = [worker.submit(Job(ids(f"p{i}"), Sampling(max_tokens=5), 30)) for i in range(3)]

@@ -130,6 +130,7 @@ def test_a_job_that_leaves_does_not_harm_the_others(loaded):
 
 def test_jobs_run_side_by_side_up_to_max_batch(worker_for):
     engine = FakeEngine(token_s=0.01)
+    # why: the cap is the subject; 3, not the shipped 4, so the cap seen is the flag's
     worker = worker_for(engine, max_queue=8, max_batch=3)
     jobs = [worker.submit(Job(ids(f"j{i}"), Sampling(max_tokens=20), 30)) for i in range(5)]
     outcomes = [terminal_events(job)[1] for job in jobs]
@@ -140,7 +141,7 @@ def test_jobs_run_side_by_side_up_to_max_batch(worker_for):
 
 def test_a_cancelled_or_late_job_leaves_at_once_and_the_others_finish(worker_for):
     engine = FakeEngine(token_s=0.02)
-    worker = worker_for(engine, max_batch=3)
+    worker = worker_for(engine)
     keep = worker.submit(Job(ids("keep"), Sampling(max_tokens=40), 30))
     gone = worker.submit(Job(ids("gone"), Sampling(max_tokens=1000), 30))
     late = worker.submit(Job(ids("late"), Sampling(max_tokens=1000), 0.3))
@@ -160,7 +161,7 @@ def test_a_cancelled_or_late_job_leaves_at_once_and_the_others_finish(worker_for
 def test_admission_waits_while_the_memory_budget_is_used(worker_for):
     engine = FakeEngine(token_s=0.01, bytes_per_token=1000)
     # A job of 4 prompt tokens and 40 answer tokens reserves 44 kB: one fits, two do not.
-    worker = worker_for(engine, max_batch=4, memory=60_000)
+    worker = worker_for(engine, memory=60_000)  # batch places for both: memory decides
     first = worker.submit(Job(ids("aaaa"), Sampling(max_tokens=40), 30))
     second = worker.submit(Job(ids("bbbb"), Sampling(max_tokens=40), 30))
     assert wait_until(lambda: worker.running == 1, 5)
@@ -177,7 +178,7 @@ def test_an_engine_that_is_not_batch_invariant_runs_one_job_at_a_time(worker_for
     engine = FakeEngine(token_s=0.005)
     engine.batch_invariant = False
     with caplog.at_level(logging.INFO, logger="deskchat.worker"):
-        worker = worker_for(engine, max_batch=4)
+        worker = worker_for(engine)  # the shipped --max-batch (over 1) falls back to 1
         jobs = [worker.submit(Job(ids(f"j{i}"), Sampling(max_tokens=5), 30)) for i in range(3)]
         assert all(isinstance(terminal_events(job)[1], Done) for job in jobs)
     assert max(engine.batch_sizes) == 1 and worker.max_batch == 1
@@ -186,18 +187,21 @@ def test_an_engine_that_is_not_batch_invariant_runs_one_job_at_a_time(worker_for
 
 def test_retry_after_counts_the_batch_places(worker_for):
     engine = FakeEngine(token_s=0.05)
-    worker = worker_for(engine, max_batch=2)
-    assert worker.expected_start_s(0) == 0.0 and worker.expected_start_s(1) == 0.0
-    jobs = [worker.submit(Job(ids(f"r{i}"), Sampling(max_tokens=1000), 30)) for i in range(2)]
-    assert wait_until(lambda: worker.running == 2, 5)
-    # both places taken: the head waits for the first to end, the next for one more half-job
+    worker = worker_for(engine)
+    batch = worker.max_batch
+    assert all(worker.expected_start_s(i) == 0.0 for i in range(batch))  # idle: places free
+    jobs = [worker.submit(Job(ids(f"r{i}"), Sampling(max_tokens=1000), 30)) for i in range(batch)]
+    assert wait_until(lambda: worker.running == batch, 5)
+    # every place taken: the head waits for the first to end, the next for one more job's
+    # share of the batch (the 5 s guess / max_batch)
     first, second = worker.expected_start_s(0), worker.expected_start_s(1)
-    assert 0 < first <= 5.0 and second == pytest.approx(first + 2.5, abs=0.1)
+    assert 0 < first <= 5.0 and second == pytest.approx(first + 5.0 / batch, abs=0.1)
     for job in jobs:
         job.cancel()
 
 
 def test_health_shows_running_and_waiting_jobs(fake_server):
+    # why: capacities unlike each other and the shipped ones, so /health reports these flags
     server = fake_server(FakeEngine(token_s=0.05), "--max-batch", "2", "--max-queue", "3")
     holders = []
     for i in range(3):
@@ -219,6 +223,7 @@ def test_health_shows_running_and_waiting_jobs(fake_server):
 
 @pytest.mark.slow
 def test_concurrent_requests_to_the_real_server_get_their_lone_answers(start_server):
+    # why: batching is the subject; a later shipped --max-batch 1 must not turn it off here
     server = start_server("--model", "embedded", "--max-batch", "4")
     bodies = [{"message": q, "max_tokens": 20} for q in QUESTIONS]
     expected = [chat(server.url, body).json()["response"] for body in bodies]
