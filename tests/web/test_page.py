@@ -21,11 +21,12 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.fakes import FakeEngine
-from tests.support.httpclient import Stream, request, wait_until
+from tests.support.httpclient import request, wait_until
 from tests.support.keys import KEY
 from tests.support.metrics import scrape, value
 from tests.support.servers import ServerProcess
 from tests.support.systree import skip_unless_ci
+from tests.support.traffic import fill_batch
 
 # A real Chromium per test and the embedded model behind some: make check, not make test.
 pytestmark = pytest.mark.slow
@@ -231,13 +232,10 @@ def test_a_busy_server_is_retried_after_retry_after(browser, fake_server):
         FakeEngine(token_s=0.05),
         "--max-queue",
         "1",
-        "--max-batch",
-        "1",
         "--max-tokens-default",
         "10",
     )
-    runner = Stream(server.url, {"message": "run", "max_tokens": 40})  # 2 s
-    assert server.engine.started.wait(5)
+    runners = fill_batch(server, max_tokens=40)  # 2 s
     queued = threading.Thread(target=lambda: request(server.url, "POST", "/chat", {"message": "q"}))
     queued.start()
     assert wait_until(lambda: server.worker.depth == 1, 5)
@@ -247,8 +245,9 @@ def test_a_busy_server_is_retried_after_retry_after(browser, fake_server):
     status = browser.find_element(By.ID, "status")
     wait_for(browser, lambda d: status.text.startswith("busy, retrying in "), 5)
     assert status.text.endswith(" s")
-    list(runner.events())
-    runner.close()
+    for runner in runners:
+        list(runner.events())
+        runner.close()
     queued.join(10)
     answer = finished_answer(browser, 1, 70)
     assert body_text(answer).startswith("w1 w2") and "tokens/s" in meta_text(answer)
