@@ -47,11 +47,10 @@ def start_nginx(tmp_path):
 
 @pytest.fixture
 def fleet(fake_server, start_nginx):
-    """Three scripted-engine servers and nginx in front of them; each PC runs one job at a
-    time, so "full" is one running and the queue full."""
+    """Three scripted-engine servers and nginx in front of them, at the shipped --max-batch:
+    "full" is a whole batch running and the queue full."""
 
     def make(*flags: str, token_s: float = 0.02, pcs: int = 3):
-        flags = ("--max-batch", "1", *flags)
         servers = [fake_server(FakeEngine(token_s=token_s), *flags) for _ in range(pcs)]
         proxy = start_nginx([address(s) for s in servers])
         return servers, proxy
@@ -63,17 +62,35 @@ def address(server) -> str:
     return server.url.removeprefix("http://")
 
 
+def holds(server) -> int:
+    """The requests a PC takes before it refuses: a whole batch running and the FIFO full."""
+    return server.worker.max_batch + server.worker.capacity
+
+
 def full(server) -> bool:
-    """One job running and the FIFO full (the servers here run with --max-queue 1)."""
-    return server.worker.busy and server.worker.depth == server.worker.capacity
+    """Every batch place running and the FIFO full."""
+    worker = server.worker
+    return worker.running == worker.max_batch and worker.depth == worker.capacity
+
+
+def taken(server) -> int:
+    return server.worker.running + server.worker.depth
+
+
+def admitted(server) -> bool:
+    """Nothing waits while a batch place is free: the next request cannot meet a full FIFO
+    that the worker was about to empty (it admits between steps)."""
+    return server.worker.depth == 0 or server.worker.running == server.worker.max_batch
 
 
 def fill(server) -> list[socket.socket]:
-    """Long requests straight to the server, around nginx, until its queue is full."""
-    socks = [raw_post(server.url, {"message": "hold", "max_tokens": 100_000})]
-    assert wait_until(lambda: server.worker.busy, 5)
-    socks += [raw_post(server.url, {"message": "hold", "max_tokens": 100_000})]
-    assert wait_until(lambda: full(server), 5)
+    """Long requests straight to the server, around nginx, until its batch and queue are
+    full (one by one, each in its place before the next arrives)."""
+    socks = []
+    for n in range(1, holds(server) + 1):
+        socks.append(raw_post(server.url, {"message": "hold", "max_tokens": 100_000}))
+        assert wait_until(lambda n=n: taken(server) == n and admitted(server), 5)
+    assert full(server)
     return socks
 
 
@@ -190,9 +207,10 @@ def test_a_full_pc_is_skipped(fleet):
 def test_no_503_reaches_the_client_until_every_pc_is_full(fleet):
     servers, proxy = fleet("--max-queue", "1", token_s=0.02)
     held = []
-    for n in range(6):  # each PC holds two: one running, one queued
+    in_place = lambda n: sum(map(taken, servers)) > n and all(map(admitted, servers))  # noqa: E731
+    for n in range(sum(map(holds, servers))):  # each PC: a batch running, one queued
         held.append(raw_post(proxy.url, {"message": f"hold{n}", "max_tokens": 100_000}))
-        assert wait_until(lambda n=n: sum(s.worker.busy + s.worker.depth for s in servers) > n, 5)
+        assert wait_until(lambda n=n: in_place(n), 5)
     assert all(full(s) for s in servers)
     for _ in range(3):
         started = time.monotonic()
