@@ -273,7 +273,7 @@ def backends(tmp_path):
     started: list[BackendProcess] = []
 
     def start(*flags: str, token_s: float) -> BackendProcess:
-        backend = BackendProcess(tmp_path, "--max-batch", "1", *flags, token_s=token_s)
+        backend = BackendProcess(tmp_path, *flags, token_s=token_s)
         started.append(backend)
         return backend
 
@@ -308,12 +308,16 @@ def run_through(proxy: Nginx, request_id: str, stream: bool, results: dict) -> N
 def test_a_pc_killed_mid_run_fails_only_what_it_was_answering(backends, start_nginx):
     pcs = [backends(token_s=0.05) for _ in range(3)]
     victim = pcs[0]
+    batch = request(victim.url, "GET", "/health").json()["batch"]["capacity"]
     proxy = start_nginx([pc.address for pc in pcs])
     results: dict = {}
-    # Two streams per PC (one runs, one waits), then a plain request per PC (waits too).
+    # Per PC a whole batch of streams running and one more waiting, then a plain request per
+    # PC (waits too): the two queued on the killed PC still fit in the others' queues.
+    streams = 3 * (batch + 1)
+    total = streams + 3
     threads = [
-        threading.Thread(target=run_through, args=(proxy, f"k{i}", i < 6, results))
-        for i in range(9)
+        threading.Thread(target=run_through, args=(proxy, f"k{i}", i < streams, results))
+        for i in range(total)
     ]
     for t in threads:
         t.start()
@@ -324,11 +328,11 @@ def test_a_pc_killed_mid_run_fails_only_what_it_was_answering(backends, start_ng
         return reply["busy"] and reply["queue"]["depth"] >= 1
 
     assert wait_until(victim_is_answering, 5)
-    time.sleep(0.5)  # its running job is streaming tokens by now
+    time.sleep(0.5)  # its running jobs are streaming tokens by now
     victim.kill()
     for t in threads:
         t.join(60)
-    assert len(results) == 9
+    assert len(results) == total
 
     # Only streams that had begun on the killed PC broke; nginx sent everything else, queued
     # there or not yet answered, to the other PCs.
