@@ -31,8 +31,6 @@ def server(tmp_path_factory):
         str(tmp / "keys"),
         "--max-queue",
         "1",
-        "--max-batch",
-        "1",
     )
     try:
         yield proc.wait_ready()
@@ -109,10 +107,16 @@ def test_wrong_key_raises_authentication_error(server):
 def test_full_queue_is_answered_by_the_clients_own_retry(server):
     api = client(server)
     count = [{"role": "user", "content": "Count from one to five hundred in words."}]
-    long_stream = api.chat.completions.create(
-        model="m", messages=count, temperature=0, max_tokens=1000, stream=True
-    )
-    next(iter(long_stream))  # running, and it runs until we hang up
+    batch = health(server)["batch"]["capacity"]
+    long_streams = []
+    for _ in range(batch):  # the whole batch runs, and runs until we hang up
+        long_streams.append(
+            api.chat.completions.create(
+                model="m", messages=count, temperature=0, max_tokens=1000, stream=True
+            )
+        )
+        next(iter(long_streams[-1]))
+    assert wait_until(lambda: health(server)["batch"]["running"] == batch, 10)
     queued = threading.Thread(
         target=lambda: api.chat.completions.create(model="m", messages=ASK, max_tokens=4)
     )
@@ -130,7 +134,8 @@ def test_full_queue_is_answered_by_the_clients_own_retry(server):
     retrying.start()
     refused = lambda: server.log().count("status=503 error=overloaded") > refusals  # noqa: E731
     assert wait_until(refused, 10)  # its first try met the full queue
-    long_stream.close()  # the slot frees; the client's retry (after Retry-After) gets in
+    for stream in long_streams:  # the batch frees; the client's retry (after Retry-After) gets in
+        stream.close()
     retrying.join(70)
     queued.join(30)
     assert answers and answers[0].choices[0].message.content
