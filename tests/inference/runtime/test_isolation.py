@@ -130,7 +130,7 @@ class FailingStepEngine(FakeEngine):
 @pytest.mark.parametrize("error", [ValueError("secret words"), KeyError("secret words")])
 def test_an_unexpected_error_in_one_stream_is_its_500_alone(worker_for, error, at_close, caplog):
     engine = FailingStepEngine("bad", error, at_close=at_close, token_s=0.001)
-    worker = worker_for(engine)  # the shipped --max-batch: the three share a batch
+    worker = worker_for(engine)  # the shipped --max-batch: the three can share a batch
     from inference.runtime.jobs import Done, Failed, Job
 
     jobs = [Job([ord(c) for c in p], Sampling(max_tokens=5), 30) for p in ("ok1", "bad", "ok2")]

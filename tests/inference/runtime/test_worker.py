@@ -99,7 +99,7 @@ def test_retry_after_is_the_measured_rest_of_the_running_job(worker_for):
     assert 0 <= refused.value.retry_after_s <= measured
     time.sleep(measured / 2)  # the oldest running job's elapsed time counts
     assert worker.expected_start_s(0) <= measured / 2 + 0.01
-    # Each job ahead adds one average job time shared by the batch: max_batch end per job time.
+    # Each job ahead adds an average job time over max_batch: that many end per job time.
     ahead = worker.expected_start_s(2) - worker.expected_start_s(0)
     assert ahead == pytest.approx(2 * measured / worker.max_batch, abs=0.02)
     cancel(running)
