@@ -9,8 +9,8 @@ token first (top-1 agreement). Every side sees the same token ids (our tokenizer
 Sides: the engine at each `--quantize` setting (through the forward it serves with,
 inference/model/decoder.py, loaded as the server loads it), and with `--peer llamacpp` llama.cpp's
 Q8_0 and Q4_K_M of the same weights (the optional extra, bench/peer_llamacpp.py; converted
-from an f32 GGUF so that no bf16 rounding is charged to them). tests/inference/quant/test_quality.py holds
-the default setting to llama.cpp Q4_K_M's figures from this bench.
+from an f32 GGUF so that no bf16 rounding is charged to them).
+tests/inference/quant/test_quality.py holds the default setting to llama.cpp Q4_K_M's figures from this bench.
 """
 
 from __future__ import annotations
