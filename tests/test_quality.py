@@ -184,10 +184,11 @@ def test_seven_bit_rows_stay_far_closer_to_fp32_than_torch_ao_int8(
     assert top1 > ao_top1, f"7-bit rows: top-1 {top1:.3f}, torch.ao int8 {ao_top1:.3f}"
 
 
-def test_int8_knows_the_capital_of_france(tokenizer, int8_model):
-    ids = prompt(tokenizer, "What is the capital of France?")
+def test_int8_knows_the_capital_of_japan(tokenizer, int8_model):
+    # Not France: a near-tie in fp32 (tests/support/margins.py has the margins)
+    ids = prompt(tokenizer, "What is the capital of Japan?")
     got, _ = greedy(int8_model, ids, {tokenizer.convert_tokens_to_ids("<|im_end|>")})
-    assert "Paris" in tokenizer.decode(got)
+    assert "Tokyo" in tokenizer.decode(got)
 
 
 def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
