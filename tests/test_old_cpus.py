@@ -1,6 +1,6 @@
 """server.py on the old office PCs it is for, emulated by `qemu-x86_64 -cpu MODEL` (Debian
 package qemu-user): it starts, logs the path it chose, shows it in /health and answers
-"Paris"; a setting the CPU cannot run is refused at start instead of dying with SIGILL.
+"Tokyo"; a setting the CPU cannot run is refused at start instead of dying with SIGILL.
 Emulation is slow (a start takes minutes), so these are few and short."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pytest
 from tests.support.httpclient import chat, request
 from tests.support.systree import skip_unless_ci
 
-# Not the bare "What is the capital of France?": its first token is a near-tie in fp32
-# ("The" -1.883 vs "L" -1.965 log-prob), which qnnpack's rounding tips to "L'Alma, ...".
-QUESTION = {"message": "What is the capital of France? Answer in one word.", "max_tokens": 8}
+# Not France: its first token is a near-tie in fp32 ("The" -1.883 vs "L" -1.965), which
+# qnnpack's rounding tips to "L'Alma, ..."; Japan's fp32 margins are >= 2.5 logits up to
+# "Tokyo" (tests/support/margins.py).
+QUESTION = {"message": "What is the capital of Japan?", "max_tokens": 8}
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_starts_and_answers_on_an_old_cpu(model, isa, int8, qemu, start_server, 
     assert shown["paths"]["int8_row"] == "none"
     reply = chat(server.url, QUESTION, timeout=600)
     assert reply.status == 200, reply.body
-    assert "Paris" in reply.json()["response"]
+    assert "Tokyo" in reply.json()["response"]
     chosen = [line for line in server.log().splitlines() if f"cpu {isa}: int8 {int8}," in line]
     assert len(chosen) == 1, server.log()
 

@@ -379,11 +379,11 @@ def test_a_client_leaving_through_nginx_cancels_its_job(fleet, leave):
 @pytest.mark.slow
 def test_the_real_model_answers_the_same_through_nginx(embedded_server, start_nginx):
     proxy = start_nginx([embedded_server.url.removeprefix("http://")])
-    body = {"message": "What is the capital of France? Answer in one word.", "max_tokens": 16}
+    body = {"message": "What is the capital of Japan?", "max_tokens": 16}  # support/margins.py
     direct = chat(embedded_server.url, body).json()["response"]
     through = chat(proxy.url, body)
     assert through.status == 200 and through.json()["response"] == direct
-    assert "Paris" in direct
+    assert "Tokyo" in direct
     s = Stream(proxy.url, body)
     streamed = "".join(d.get("delta", "") for _, d in s.events())
     s.close()

@@ -210,9 +210,9 @@ def mdwe_wrapper() -> list[str]:
 )
 def test_server_answers_under_memory_deny_write_execute(start_server, flags) -> None:
     server = start_server("--model", "embedded", *flags, wrapper=mdwe_wrapper())
-    reply = chat(server.url, {"message": "What is the capital of France?", "max_tokens": 12})
+    reply = chat(server.url, {"message": "What is the capital of Japan?", "max_tokens": 12})
     assert reply.status == 200, reply.body
-    assert "Paris" in reply.json()["response"]
+    assert "Tokyo" in reply.json()["response"]  # a large fp32 margin: tests/support/margins.py
     if "bfloat16" in flags and native_bf16():
         assert "writable+executable memory is denied here" in server.log()
 

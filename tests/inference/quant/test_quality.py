@@ -20,7 +20,8 @@ MAX_MEAN_KL = 0.05
 MIN_TOP1_AGREEMENT = 0.92
 # llama.cpp Q4_K_M of the same weights on bench/quality_texts (3549 positions), measured by
 # `python -m bench.quality --peer llamacpp` (docs/speed.md): the served default must be no
-# worse on either figure (issue 10). Its own: 0.0231 and 90.8%; llama.cpp Q8_0 0.0055, 94.5%.
+# worse on either figure (issue 10). Its own: 0.0233 and 90.5% (0.0573 and 86.1% where a CPU
+# without VNNI gets 7-bit rows); llama.cpp Q8_0 0.0055, 94.5%.
 LLAMACPP_Q4_K_M_KL = 0.0721
 LLAMACPP_Q4_K_M_TOP1 = 0.838
 NEW_TOKENS = 24
@@ -188,10 +189,11 @@ def test_seven_bit_rows_stay_far_closer_to_fp32_than_torch_ao_int8(
 
 
 @pytest.mark.slow
-def test_int8_knows_the_capital_of_france(tokenizer, int8_model):
-    ids = prompt(tokenizer, "What is the capital of France?")
+def test_int8_knows_the_capital_of_japan(tokenizer, int8_model):
+    # Not France: a near-tie in fp32 (tests/support/margins.py has the margins)
+    ids = prompt(tokenizer, "What is the capital of Japan?")
     got, _ = greedy(int8_model, ids, {tokenizer.convert_tokens_to_ids("<|im_end|>")})
-    assert "Paris" in tokenizer.decode(got)
+    assert "Tokyo" in tokenizer.decode(got)
 
 
 @pytest.mark.slow
@@ -200,10 +202,7 @@ def test_tied_embedding_survives_quantizing_lm_head(fp32_model, int8_model):
     want = fp32_model.get_input_embeddings()(ids)
     got = int8_model.model.get_input_embeddings()(ids)
     assert got.dtype == torch.float32
-    # int8 with one scale per 64 values: off by at most half a step (plus bf16 rounding)
-    step = want.reshape(1, 4, -1, 64).abs().amax(dim=-1, keepdim=True) / 127
-    error = (got - want).reshape(1, 4, -1, 64).abs()
-    assert (error <= step * 0.51 + want.reshape(1, 4, -1, 64).abs() * 2**-8).all()
+    assert torch.equal(got, want)  # mapped from the checkpoint, not rounded
     assert not isinstance(int8_model.model.get_output_embeddings(), torch.nn.Linear)
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # a server.py of its own (keys, one place in the 
 
 KEY = "tool-key-" + "x" * 16
 # Not France: SmolLM2's first token there is a near-tie in fp32 (0.08 logits) that the int8
-# model may take either way (docs/speed.md).
+# model may take either way; Japan's answer has 2.5 up to "Tokyo" (tests/support/margins.py).
 ASK = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
