@@ -10,7 +10,8 @@ Sides: the engine at each `--quantize` setting (through the forward it serves wi
 inference/model/decoder.py, loaded as the server loads it), and with `--peer llamacpp` llama.cpp's
 Q8_0 and Q4_K_M of the same weights (the optional extra, bench/peer_llamacpp.py; converted
 from an f32 GGUF so that no bf16 rounding is charged to them).
-tests/inference/quant/test_quality.py holds the default setting to llama.cpp Q4_K_M's figures from this bench.
+tests/inference/quant/test_quality.py holds the default setting to llama.cpp Q4_K_M's
+figures from this bench.
 """
 
 from __future__ import annotations

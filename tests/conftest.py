@@ -85,3 +85,14 @@ def worker_for():
     yield make
     for w in workers:
         w.stop()
+
+
+@pytest.fixture
+def keep_threads():
+    """A test that sets torch's thread count (or loads a model, or runs a bench with
+    --threads) gives the process its count back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

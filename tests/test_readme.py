@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import ROOT, TEST_CACHE, ServerProcess, free_port
+from tests.support.paths import ROOT, TEST_CACHE
+from tests.support.servers import ServerProcess, free_port
 
 README = (ROOT / "README.md").read_text()
 KEY = "readme-key-" + "k" * 16  # stands for the README's KEY

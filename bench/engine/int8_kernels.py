@@ -10,6 +10,7 @@ any batch. For each Qwen2.5-0.5B projection shape and row count it prints the me
 microseconds per call of each candidate, the scaling of the input rows included (it is also
 timed alone), and whether its output equals the served one's bit for bit (torch.ao
 quantizes differently: its equality is not asked). This is how fbgemm replaced oneDNN.
+Without VNNI (7-bit rows) oneDNN's product is not exact: `same` is false there.
 """
 
 from __future__ import annotations

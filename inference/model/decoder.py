@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.model import rope
+from inference.model.attention import prompt_attention
 from inference.model.kvcache import SequenceCache
 from inference.quant.rowint8 import FusedPart, FusedParts, RowInt8Linear
 from inference.quant.smooth import PLAIN_NORMS
@@ -225,27 +226,18 @@ class Decoder:
         heads sharing a key head are laid out as that head's rows, so grouped-query
         attention needs no copy of the keys.
 
-        A decode step's row goes in 4-D: torch's fused CPU kernel then runs instead of the
-        unfused math path that 3-D inputs take (27 vs 67 us a layer). Prompt rows stay 3-D
-        on the math path, a last chunk of one row too: the fused kernel's blocking follows
-        the number of query rows, so its bits would depend on how a prompt was chunked,
-        which follows the load (engine.py); the math path's do not, and a decode row is
-        always alone in its segment."""
+        A decode step's row goes in 4-D to torch's fused CPU kernel (27 vs 67 us a layer
+        for the math path); it is always alone in its segment. Prompt rows, a last chunk of
+        one row too, go through prompt_attention's fixed key blocks: the engine chunks a
+        prompt by the load, and torch's kernels' blocking (so their rounding) follows the
+        number of rows and keys."""
         rows = q.shape[0]
-        if rows == 1:  # nothing to mask; the heads already lie in that order, no permute
-            q = q.reshape(self.kv_heads, self.group, self.head_dim)
-            if decoding:
-                q, keys, values = q[None], keys[None], values[None]
-            o = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling)
+        q = q.view(rows, self.kv_heads, self.group, self.head_dim)
+        if decoding:
+            q = q.reshape(1, self.kv_heads, self.group, self.head_dim)
+            o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
             return o.reshape(1, self.heads * self.head_dim)
-        q = q.view(rows, self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
-        q = q.reshape(self.kv_heads, self.group * rows, self.head_dim)
-        # row t sees keys up to past + t
-        seen = torch.arange(past + rows)[None] <= torch.arange(past, past + rows)[:, None]
-        mask = seen.repeat(self.group, 1)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-        o = o.view(self.kv_heads, self.group, rows, self.head_dim).permute(2, 0, 1, 3)
-        return o.reshape(rows, self.heads * self.head_dim)
+        return prompt_attention(q, keys, values, past, self.scaling)
 
 
 def _layer_norms(layer) -> list:

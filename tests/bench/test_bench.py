@@ -110,14 +110,6 @@ def test_table_has_a_column_per_peer_and_keeps_the_engine_baseline_ratio():
     assert "0.50x" in table
 
 
-@pytest.fixture
-def keep_threads():
-    """A bench's --threads (or loading a model) sets torch's thread count for the process."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, keep_threads):
     from bench.engine import step_jitter
@@ -177,10 +169,18 @@ def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypat
         (1, int8_kernels.SERVED),
         (3, "_int_mm, transposed view"),
     }
+    # Without VNNI the served rows are 7-bit (rowint8.row_limit) and oneDNN's product is not
+    # exact there (measured on an AVX2 EPYC: `same` false): the bench reports it, it is not
+    # promised. The int8 matmuls sum exactly on every CPU.
+    promised = rowint8.row_limit() == 127
     for r in rows:
         assert r["us"] > 0
-        # every integer kernel gives the served bits
-        assert r["same"] is (None if r["kernel"] in int8_kernels.NOT_COMPARED else True), r
+        if r["kernel"] in int8_kernels.NOT_COMPARED:
+            assert r["same"] is None, r
+        elif r["kernel"].startswith("oneDNN") and not promised:
+            assert r["same"] in (True, False), r
+        else:
+            assert r["same"] is True, r  # every exact integer kernel gives the served bits
 
 
 def test_quality_distance_is_mean_kl_and_top1_over_all_but_each_chunks_last_position():
