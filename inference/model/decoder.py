@@ -231,12 +231,11 @@ class Decoder:
         one row too, go through prompt_attention's fixed key blocks: the engine chunks a
         prompt by the load, and torch's kernels' blocking (so their rounding) follows the
         number of rows and keys."""
-        rows = q.shape[0]
-        q = q.view(rows, self.kv_heads, self.group, self.head_dim)
-        if decoding:
-            q = q.reshape(1, self.kv_heads, self.group, self.head_dim)
+        if decoding:  # one view per layer and token: at one row each op costs its dispatch
+            q = q.view(1, self.kv_heads, self.group, self.head_dim)
             o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
             return o.reshape(1, self.heads * self.head_dim)
+        q = q.view(q.shape[0], self.kv_heads, self.group, self.head_dim)
         return prompt_attention(q, keys, values, past, self.scaling)
 
 

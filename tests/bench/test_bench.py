@@ -178,7 +178,7 @@ def test_int8_kernels_times_each_candidate_and_checks_the_bits(capsys, monkeypat
         if r["kernel"] in int8_kernels.NOT_COMPARED:
             assert r["same"] is None, r
         elif r["kernel"].startswith("oneDNN") and not promised:
-            assert r["same"] in (True, False), r
+            continue  # measured and printed, not promised on this CPU
         else:
             assert r["same"] is True, r  # every exact integer kernel gives the served bits
 

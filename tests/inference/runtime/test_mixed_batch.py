@@ -12,20 +12,8 @@ import jsonschema
 import pytest
 
 from tests.support.httpclient import chat, request
+from tests.support.schemas import CITY, TICKET
 
-NAME = {"type": "string", "maxLength": 40}
-CITY = {
-    "type": "object",
-    "properties": {"city": NAME, "country": NAME},
-    "required": ["city", "country"],
-    "additionalProperties": False,
-}
-TICKET = {
-    "type": "object",
-    "properties": {"urgent": {"type": "boolean"}, "summary": NAME},
-    "required": ["urgent", "summary"],
-    "additionalProperties": False,
-}
 FREE = ["Name three colours.", "Count from one to five."]
 CONSTRAINED = [(CITY, "Describe Tokyo as JSON."), (TICKET, "My printer is on fire, help!")]
 

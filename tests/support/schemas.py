@@ -1,0 +1,59 @@
+"""JSON schemas the tests ask the real model to follow, shared by the files that send them."""
+
+NAME = {"type": "string", "maxLength": 40}
+PERSON = {
+    "type": "object",
+    "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+TICKET = {
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["hardware", "software", "network", "other"]},
+        "urgent": {"type": "boolean"},
+        "summary": {"type": "string", "maxLength": 80},
+    },
+    "required": ["category", "urgent", "summary"],
+    "additionalProperties": False,
+}
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": NAME,
+        "country": NAME,
+        "population_millions": {"type": "number", "minimum": 0, "maximum": 100},
+        "landmarks": {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["city", "country", "landmarks"],
+    "additionalProperties": False,
+}
+ORDER = {
+    "type": "object",
+    "properties": {
+        "customer": {
+            "type": "object",
+            "properties": {"name": NAME, "email": {"type": "string", "maxLength": 60}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        "items": {
+            "type": "array",
+            "maxItems": 4,
+            "items": {
+                "type": "object",
+                "properties": {"product": NAME, "quantity": {"type": "integer", "minimum": 1}},
+                "required": ["product", "quantity"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["customer", "items"],
+    "additionalProperties": False,
+}
+YES_NO = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
