@@ -140,6 +140,12 @@ class Config:
         "Reuse the last prompt's KV cache when the next prompt continues that conversation "
         "(off: it slows fresh prompts more than it speeds follow-ups; docs/speed.md).",
     )
+    speculate: bool = _setting(
+        True,
+        "Check the tokens an answer's prompt suggests come next (prompt lookup) in the same "
+        "step, keeping those the model picks: the same answer in fewer steps when it copies "
+        "from the prompt; only with batch-invariant int8-row. docs/speculation.md.",
+    )
     max_queue: int = _setting(
         4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000
     )

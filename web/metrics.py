@@ -108,6 +108,12 @@ class _LiveState:
             "Times the adaptive policy changed the inference thread count.",
             governor.changes if governor is not None else 0,
         )
+        engine = worker.engine if worker else None
+        for name, help, value in (
+            ("deskchat_draft_tokens", "Tokens drafted by prompt lookup and checked.", "drafted"),
+            ("deskchat_draft_accepted_tokens", "Drafted tokens the model picked.", "accepted"),
+        ):
+            yield CounterMetricFamily(name, help, getattr(engine, f"{value}_tokens", 0))
         cancelled = CounterMetricFamily(
             "deskchat_cancellations",
             "Jobs dropped because their client left: while queued, or while running.",

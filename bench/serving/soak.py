@@ -1,13 +1,15 @@
 """Soak: mixed traffic against a running server for a given time, watching its memory.
 
-    python -m bench.serving.soak --url http://127.0.0.1:8080 --pid PID --minutes 60 [--key KEY]
+    python -m bench.serving.soak --url http://127.0.0.1:8080 --pid PID --minutes 60 \
+        [--clients 4] [--key KEY]
 
-Sends, one after the other with a pause between, a rotating mix: plain and streamed answers
-on both dialects, a JSON-schema answer, a stream abandoned after a few tokens, and bad
-requests (400). Samples the server's RSS (/proc/PID/status) every `--sample-s` seconds and
-prints, at the end, RSS after the warm-up minute, at the end, the least-squares slope in %
-per hour over the samples after warm-up, and the counts of statuses seen. Not part of the
-test suite: it takes as long as it is told to.
+Each of `--clients` threads sends, one after the other with a pause between, a rotating mix
+(each client starts at another place in it, so the batch holds different kinds at once):
+plain and streamed answers on both dialects, a JSON-schema answer, a stream abandoned after
+a few tokens, and bad requests (400). Samples the server's RSS (/proc/PID/status) every
+`--sample-s` seconds and prints, at the end, RSS after the warm-up, at the end, the
+least-squares slope in % per hour over the samples after warm-up, and the counts of
+statuses seen. Not part of the test suite: it takes as long as it is told to.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import http.client
 import itertools
 import json
+import threading
 import time
 from collections import Counter
 from urllib.parse import urlsplit
@@ -91,32 +94,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-minutes", type=float, default=1)
     parser.add_argument("--pause-s", type=float, default=0.5, help="between requests")
     parser.add_argument("--sample-s", type=float, default=30)
+    parser.add_argument("--clients", type=int, default=4, help="requests in flight at once")
     parser.add_argument("--key", default=None, help="API key, if the server needs one")
     args = parser.parse_args(argv)
 
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
     started = time.monotonic()
     end = started + args.minutes * 60
-    warm_until = started + args.warmup_minutes * 60
-    statuses: Counter[int] = Counter()
+    statuses: Counter[int | str] = Counter()
+    lock = threading.Lock()
+
+    def client(offset: int) -> None:
+        mix = itertools.islice(itertools.cycle(MIX), offset, None)
+        for path, body, how in mix:
+            if time.monotonic() >= end:
+                return
+            try:
+                status: int | str = send(args.url, path, body, how, headers)
+            except OSError as exc:
+                status = type(exc).__name__
+            with lock:
+                statuses[status] += 1
+            time.sleep(args.pause_s)
+
+    clients = [
+        threading.Thread(target=client, args=(i * len(MIX) // args.clients,), daemon=True)
+        for i in range(args.clients)
+    ]
+    for thread in clients:
+        thread.start()
     samples: list[tuple[float, int]] = []
-    next_sample = warm_until
-    for path, body, how in itertools.cycle(MIX):
-        now = time.monotonic()
-        if now >= end:
-            break
+    next_sample = started + args.warmup_minutes * 60
+    while (now := time.monotonic()) < end:
         if now >= next_sample:
             samples.append((now - started, rss_kb(args.pid)))
             print(f"t={now - started:7.0f}s rss={samples[-1][1] / 1024:.1f} MB", flush=True)
             next_sample += args.sample_s
-        try:
-            statuses[send(args.url, path, body, how, headers)] += 1
-        except OSError as exc:
-            statuses[f"{type(exc).__name__}"] += 1
-        time.sleep(args.pause_s)
+        time.sleep(min(1.0, max(0.0, end - now)))
+    for thread in clients:
+        thread.join()
     samples.append((time.monotonic() - started, rss_kb(args.pid)))
     report = {
         "minutes": args.minutes,
+        "clients": args.clients,
         "rss_mb_after_warmup": round(samples[0][1] / 1024, 1),
         "rss_mb_at_end": round(samples[-1][1] / 1024, 1),
         "slope_pct_per_hour": round(slope_pct_per_hour(samples), 2) if len(samples) > 2 else None,

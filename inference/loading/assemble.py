@@ -209,5 +209,6 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         context,
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
+        speculate=config.speculate,
     )
     return engine, PromptBuilder(tokenizer, context)

@@ -38,7 +38,8 @@ class UnsupportedModel(ValueError):
 @dataclass
 class Segment:
     """One sequence's rows in a step: its cache and the token ids to run after it.
-    `decoding`: the one id is a decode step's (not a prompt's), see Decoder._attend."""
+    `decoding`: the ids are answer tokens, a decode step's one and any drafted after it (not
+    a prompt's), see Decoder._attend; forward returns the logits of each of them."""
 
     cache: SequenceCache
     ids: list[int]
@@ -133,16 +134,18 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(self, segments: list[Segment], every_row: bool = False) -> torch.Tensor:
-        """Runs every segment's ids after its cache (which grows by them) and returns the
-        logits of each segment's last position, [len(segments), vocab] (with `every_row`:
-        of every position, [all ids, vocab], for measuring quality)."""
-        spans, positions, ids = [], [], []
+        """Runs every segment's ids after its cache (which grows by them) and returns logits,
+        in segment order: of a prompt segment's last position, of every position of a
+        decoding segment ([rows, vocab]; one row per segment when none has drafts). With
+        `every_row`: of every position of every segment, for measuring quality."""
+        spans, positions, ids, out = [], [], [], []
         for seg in segments:
             seg.cache.reserve(len(seg.ids))
             start = len(ids)
             ids.extend(seg.ids)
             spans.append((start, len(ids)))
             positions.append(torch.arange(seg.cache.length, seg.cache.length + len(seg.ids)))
+            out.extend(range(start, len(ids)) if seg.decoding else [len(ids) - 1])
         pos = torch.cat(positions)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [rows, 1, head_dim]
         hidden = self.embed(torch.tensor(ids, dtype=torch.long))
@@ -154,7 +157,7 @@ class Decoder:
                 hidden = self._layer(index, layer, hidden, cos, sin, segments, spans)
         for seg in segments:
             seg.cache.commit(len(seg.ids))
-        last = hidden if every_row else hidden[[end - 1 for _, end in spans]]
+        last = hidden if every_row else hidden[out]
         return self.lm_head(self._final_norm(last)).float()
 
     def step_linears(self) -> list[RowInt8Linear]:
@@ -227,16 +230,28 @@ class Decoder:
         attention needs no copy of the keys.
 
         A decode step's row goes in 4-D to torch's fused CPU kernel (27 vs 67 us a layer
-        for the math path); it is always alone in its segment. Prompt rows, a last chunk of
-        one row too, go through prompt_attention's fixed key blocks: the engine chunks a
-        prompt by the load, and torch's kernels' blocking (so their rounding) follows the
-        number of rows and keys."""
+        for the math path). Drafted rows after it (inference/runtime/speculation.py) go one
+        by one through the same call over the keys up to their own position, so a token
+        verified in a draft has the bits it would have had in a step of its own. Prompt
+        rows, a last chunk of one row too, go through prompt_attention's fixed key blocks:
+        the engine chunks a prompt by the load, and torch's kernels' blocking (so their
+        rounding) follows the number of rows and keys."""
         if decoding:  # one view per layer and token: at one row each op costs its dispatch
-            q = q.view(1, self.kv_heads, self.group, self.head_dim)
-            o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
-            return o.reshape(1, self.heads * self.head_dim)
+            width = self.heads * self.head_dim
+            if q.shape[0] == 1:
+                return self._attend_one(q, keys, values).reshape(1, width)
+            rows = [
+                self._attend_one(q[t : t + 1], keys[:, : past + t + 1], values[:, : past + t + 1])
+                for t in range(q.shape[0])
+            ]
+            return torch.cat(rows).reshape(q.shape[0], width)
         q = q.view(q.shape[0], self.kv_heads, self.group, self.head_dim)
         return prompt_attention(q, keys, values, past, self.scaling)
+
+    def _attend_one(self, q, keys, values) -> torch.Tensor:
+        """One answer row over keys/values [kv_heads, n, dim]: the fused kernel, 4-D."""
+        q = q.view(1, self.kv_heads, self.group, self.head_dim)
+        return F.scaled_dot_product_attention(q, keys[None], values[None], scale=self.scaling)
 
 
 def _layer_norms(layer) -> list:

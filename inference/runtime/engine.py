@@ -6,9 +6,11 @@ so a long prompt arriving costs the running streams a little per step instead of
 them. Every stream keeps its own sampling (temperature, top_p, seed, stop strings, JSON
 grammar), token budget and KV cache. With `prefix_cache` the cache of the last finished
 stream is kept, and a prompt that starts with the same ids (the next turn of that
-conversation) only runs its new suffix. It knows nothing of HTTP, queues, deadlines or chat
-messages: the worker thread decides who is open and calls `step()`; `run()` is one stream
-alone, start to end.
+conversation) only runs its new suffix. With `speculate`, a decoding stream's step also
+checks the tokens its prompt suggests will follow (inference/runtime/speculation.py) and
+keeps those the model itself picks: the same answer in fewer steps. It knows nothing of
+HTTP, queues, deadlines or chat messages: the worker thread decides who is open and calls
+`step()`; `run()` is one stream alone, start to end.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from inference.runtime import sampler
 from inference.runtime.budget import answer_budget
 from inference.runtime.detokenize import TextAssembler
 from inference.runtime.jobs import Generation, Sampling
+from inference.runtime.speculation import PromptLookup
 
 # Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
 # prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
@@ -42,13 +45,17 @@ class Stream:
     """One job's generation inside the engine. The worker reads `finish`, `error`,
     `take_text()`, `completion_tokens` and `ttft_s`; the rest is the engine's."""
 
-    def __init__(self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache):
+    def __init__(
+        self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache, speculate
+    ):
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.budget = budget  # the most answer tokens (inference/runtime/budget.py)
         self.text: TextAssembler = text
         self.cache: SequenceCache | None = cache
-        self.generator = _generator(sampling.seed)
+        self.lookup = PromptLookup(prompt_ids) if speculate else None
+        self.drafted = self.accepted = 0  # tokens proposed by drafts, and taken from them
+        self.steps = 0  # forwards that gave it at least one token
         self.constraint = sampling.grammar.constraint() if sampling.grammar else None
         self.reused = cache.length if cache else 0  # prompt tokens taken from a kept cache
         self.prefilled = self.reused  # prompt tokens in the cache so far
@@ -77,6 +84,14 @@ class Stream:
         """Its sampling, grammar or text raised: it ends here, the step goes on without it."""
         self.error, self.finish = error, "error"
 
+    def generator(self) -> torch.Generator | None:
+        """The generator of the next token's draw: with a seed, one made from the seed and
+        the token's position, so a token's draw is the same whether it came in a step of its
+        own or verified in a draft; without, torch's global one."""
+        if self.sampling.seed is None:
+            return None
+        return torch.Generator().manual_seed(_mix(self.sampling.seed, self.completion_tokens))
+
     def next_chunk(self, rows: int) -> list[int]:
         """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block)."""
         return self.prompt_ids[self.prefilled : self.prefilled + rows]
@@ -94,6 +109,7 @@ class Engine:
         context_tokens: int,
         eos_ids: set[int],
         prefix_cache: bool = False,
+        speculate: bool = False,
     ):
         self.model = model
         self.vocab_size = model.config.vocab_size  # the width of the logits
@@ -104,8 +120,11 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.decoder = Decoder(model, context_tokens)
         # True when every Linear is per-row int8: a row's result is the same in any batch
-        # and any chunking, so several streams may share a step.
+        # and any chunking, so several streams may share a step, and drafted tokens may be
+        # verified beside the step's own (else a draft would change the answer).
         self.batch_invariant = self.decoder.rows_independent()
+        self.speculate = speculate and self.batch_invariant
+        self.drafted_tokens = self.accepted_tokens = 0  # all streams' drafts, since start
         if self.batch_invariant:
             self.block, self.alone_rows = ALIGN, PREFILL_CHUNK
         elif prefix_cache:
@@ -125,9 +144,8 @@ class Engine:
     def open(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
         budget = answer_budget(len(prompt_ids), sampling.max_tokens, self.context_tokens)
         cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
-        stream = Stream(
-            prompt_ids, sampling, budget, TextAssembler(self.tokenizer, sampling.stop), cache
-        )
+        text = TextAssembler(self.tokenizer, sampling.stop)
+        stream = Stream(prompt_ids, sampling, budget, text, cache, self.speculate)
         self.reused_tokens = stream.reused
         if stream.cache is None and budget > 0:
             stream.cache = self.decoder.new_cache(len(prompt_ids) + budget)
@@ -143,7 +161,14 @@ class Engine:
                 self._kept = (stream.prompt_ids, stream.cache)
         stream.cache = None
         heap.trim()  # the job's freed activations leave RSS now, not never
-        return Generation(finish, stream.completion_tokens, stream.ttft_s)
+        return Generation(
+            finish,
+            stream.completion_tokens,
+            stream.ttft_s,
+            drafted=stream.drafted,
+            accepted=stream.accepted,
+            steps=stream.steps,
+        )
 
     def _start_cache(self, prompt_ids: list[int], bound: int) -> SequenceCache | None:
         """The kept cache cut to the whole blocks this prompt shares with the last one, or
@@ -168,15 +193,21 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, streams: list[Stream]) -> None:
-        """One forward: a token for every decoding stream, and prompt chunks of the first
-        prefilling ones, in order, up to `alone_rows` rows, or PREFILL_BESIDE while some
-        stream is decoding. What one stream's own token choice raises (sampling, grammar,
-        detokenizing) ends that stream alone (`Stream.error`); the forward is everyone's."""
+        """One forward: a token for every decoding stream (with the tokens drafted for it,
+        if any), and prompt chunks of the first prefilling ones, in order, up to
+        `alone_rows` rows, or PREFILL_BESIDE while some stream is decoding. What one
+        stream's own token choice raises (sampling, grammar, detokenizing) ends that stream
+        alone (`Stream.error`); the forward is everyone's."""
         active = [s for s in streams if s.finish is None]
         segments, fed = [], []
         for stream in active:
             if not stream.prefilling:
-                segments.append(Segment(stream.cache, [stream.token], decoding=True))
+                try:
+                    draft = self._draft(stream)
+                except Exception as exc:  # its grammar's: that stream alone ends
+                    stream.fail(exc)
+                    continue
+                segments.append(Segment(stream.cache, [stream.token, *draft], decoding=True))
                 fed.append(stream)
         room = PREFILL_BESIDE if segments else self.alone_rows
         for stream in active:
@@ -188,36 +219,79 @@ class Engine:
         if not segments:
             return
         logits = self.decoder.forward(segments)
-        for row, (stream, segment) in enumerate(zip(fed, segments, strict=True)):
+        row = 0
+        for stream, segment in zip(fed, segments, strict=True):
+            rows = logits[row : row + len(segment.ids)] if segment.decoding else logits[row][None]
+            row += len(rows)
             if stream.prefilling:
                 stream.prefilled += len(segment.ids)
                 if stream.prefilling:
                     continue  # more prompt to read: no token yet
             try:
-                self._advance(stream, logits[row])
-            except Exception as exc:  # its own row only: the other rows are already computed
+                self._verify(stream, rows, segment.ids[1:] if segment.decoding else [])
+            except Exception as exc:  # its own rows only: the other rows are already computed
                 stream.fail(exc)
 
-    def _advance(self, stream: Stream, scores: torch.Tensor) -> None:
+    def _draft(self, stream: Stream) -> list[int]:
+        """The tokens to check after the stream's next input: none without speculation or
+        room; under a grammar, the tokens it forces (jump-forward), else a prompt lookup's
+        guess cut where the grammar would refuse it."""
+        room = stream.budget - stream.completion_tokens  # the cache holds prompt + budget
+        if stream.lookup is None or room <= 0:
+            return []
+        if stream.constraint is not None:
+            forced = stream.constraint.forced()[:room]
+            if forced:
+                return forced
+            guess = stream.lookup.draft(room)
+            return guess[: stream.constraint.valid_prefix(guess)]
+        return stream.lookup.draft(room)
+
+    def _verify(self, stream: Stream, rows: torch.Tensor, draft: list[int]) -> None:
+        """Pick a token from each row in turn while the picks agree with the draft: the
+        picks are the answer (what single steps would have given, row for row), the draft
+        only decided how many rows there were. The cache is cut back past the first row
+        whose input was a draft the model did not pick."""
+        taken = accepted = 0
+        for scores in rows:
+            token = self._advance(stream, scores)
+            taken += 1
+            if stream.finish is not None or accepted == len(draft) or token != draft[accepted]:
+                break
+            accepted += 1
+        stream.steps += 1
+        if draft:
+            self.drafted_tokens += len(draft)
+            self.accepted_tokens += accepted
+            stream.drafted += len(draft)
+            stream.accepted += accepted
+            stream.lookup.verified(len(draft), accepted)
+        if taken < len(rows) and stream.cache is not None:
+            stream.cache.crop(stream.cache.length - (len(rows) - taken))
+
+    def _advance(self, stream: Stream, scores: torch.Tensor) -> int:
         """Pick the stream's next token from its logits and decide whether it is done."""
         if stream.constraint is not None:
             stream.constraint.mask_(scores)
         sampling = stream.sampling
-        token = sampler.pick(scores, sampling.temperature, sampling.top_p, stream.generator)
+        token = sampler.pick(scores, sampling.temperature, sampling.top_p, stream.generator())
         if stream.constraint is not None:
             stream.constraint.take(token)
         if stream.completion_tokens == 0:
             stream.ttft_s = time.monotonic() - stream.opened
         stream.completion_tokens += 1
         stream.token = token
+        if stream.lookup is not None:
+            stream.lookup.extend([token])
         if token in self.eos_ids:
             stream.finish = "stop"
-            return
+            return token
         stream.add_text(stream.text.add(token))
         if stream.text.stopped or (stream.constraint is not None and stream.constraint.finished):
             stream.finish = "stop"
         elif stream.completion_tokens >= stream.budget:
             stream.finish = "length"
+        return token
 
     # -- one stream alone -------------------------------------------------------------------
 
@@ -248,8 +322,10 @@ class Engine:
         return result
 
 
-def _generator(seed: int | None) -> torch.Generator | None:
-    """A generator of the job's own, so a seed gives the same text whatever ran before."""
-    if seed is None:
-        return None
-    return torch.Generator().manual_seed(seed % 2**64)
+def _mix(seed: int, position: int) -> int:
+    """A 64-bit seed for one position's draw (splitmix64 of the pair): neighbouring
+    positions and seeds get unrelated generator states."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)

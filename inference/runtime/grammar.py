@@ -78,6 +78,24 @@ class Constraint:
             raise self._dead_end()  # past what llguidance can follow (e.g. ParserTooComplex)
         self._taken += 1
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows next and nothing else (a key name, its quotes):
+        drafted first, the model still picks them (inference/runtime/engine.py). A draft is
+        optional: where the matcher cannot say, nothing is drafted and the next mask_()
+        names the dead end."""
+        try:
+            return [] if self._matcher.is_error() else list(self._matcher.compute_ff_tokens())
+        except Exception:
+            return []
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order from the current state, the grammar allows; the
+        state does not move (0 where the matcher cannot say, as forced())."""
+        try:
+            return self._matcher.validate_tokens(tokens) if tokens else 0
+        except Exception:
+            return 0
+
     def _dead_end(self) -> InvalidRequest:
         return dead_end(self._matcher, self._param, f"after {self._taken} answer tokens")
 

@@ -34,6 +34,9 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "interrupted"
     completion_tokens: int
     ttft_s: float  # start of run() to the first token
+    drafted: int = 0  # tokens drafted for it and checked (inference/runtime/speculation.py)
+    accepted: int = 0  # of them, the ones the model picked: answer tokens without a step
+    steps: int = 0  # forwards that gave it at least one token
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class Done:
     ttft_ms: float
     total_ms: float
     tokens_per_second: float
+    draft_tokens: int = 0  # answer tokens that came from verified drafts
+    drafted_tokens: int = 0  # tokens drafted and checked, taken or not
+    steps: int = 0  # forwards that gave the answer at least one token
 
     def timings(self) -> dict:
         return {
@@ -64,6 +70,9 @@ class Done:
             "ttft_ms": round(self.ttft_ms, 1),
             "total_ms": round(self.total_ms, 1),
             "tokens_per_second": round(self.tokens_per_second, 2),
+            "draft_tokens": self.draft_tokens,
+            "drafted_tokens": self.drafted_tokens,
+            "decode_steps": self.steps,
         }
 
 

@@ -398,6 +398,9 @@ class Worker:
                 ttft_ms=result.ttft_s * 1000,
                 total_ms=(done_at - job.created) * 1000,
                 tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
+                draft_tokens=result.accepted,
+                drafted_tokens=result.drafted,
+                steps=result.steps,
             ),
         )
 

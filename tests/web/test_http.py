@@ -169,7 +169,15 @@ def test_answer_shape(fake_server):
     assert body["model"] == "fake" and body["id"] == reply.headers["x-request-id"]
     assert body["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3}
-    assert set(body["timings"]) == {"queued_ms", "ttft_ms", "total_ms", "tokens_per_second"}
+    assert set(body["timings"]) == {
+        "queued_ms",
+        "ttft_ms",
+        "total_ms",
+        "tokens_per_second",
+        "draft_tokens",
+        "drafted_tokens",
+        "decode_steps",
+    }
 
 
 def test_max_tokens_is_capped_by_the_server(fake_server):
