@@ -1,5 +1,5 @@
 """`python -m bench`: the arguments, and which benchmark runs (side by side, --http,
---batch-curve, --latency); the JSON report written where --json says."""
+--batch-curve, --latency, --speculation); the JSON report written where --json says."""
 
 from __future__ import annotations
 
@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         "under CPU noise, bursts and memory pressure (python -m bench --latency --help)",
     )
     parser.add_argument(
+        "--speculation",
+        action="store_true",
+        help="the speculative decoding benchmark instead: deskchat with and without "
+        "--speculate (and llama.cpp with --peer) on grounded and open-chat prompts "
+        "(python -m bench --speculation --help)",
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -68,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving import latency
 
         return latency.main([a for a in argv if a != "--latency"])
+    if "--speculation" in argv:  # its own options: bench/compare/speculation.py
+        from bench.compare import speculation
+
+        return speculation.main([a for a in argv if a != "--speculation"])
     args = build_parser().parse_args(argv)
     from service.config import load_config
 

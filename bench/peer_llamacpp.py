@@ -163,9 +163,11 @@ def ensure_ggufs(
 
 
 class LlamaCppSide:
-    """One GGUF in llama.cpp, for bench/compare/child.py."""
+    """One GGUF in llama.cpp, for bench/compare/child.py and bench/compare/speculation.py."""
 
-    def __init__(self, gguf: str, threads: int, n_ctx: int = 2048):
+    def __init__(self, gguf: str, threads: int, n_ctx: int = 2048, draft_model=None):
+        """`draft_model`: llama-cpp-python's speculative drafter (bench/compare/speculation.py's
+        prompt lookup), which `Llama.generate` then verifies."""
         import numpy as np
 
         llama_cpp = require_llama_cpp()
@@ -178,6 +180,7 @@ class LlamaCppSide:
             n_batch=512,
             n_threads=threads,
             n_threads_batch=threads,
+            draft_model=draft_model,
             verbose=False,
         )
         self.n_vocab = self.llm.n_vocab()

@@ -69,14 +69,15 @@ class Child:
                 self.proc.wait()
 
 
-def prompt_ids(model_dir: Path) -> dict[str, list[int]]:
-    """The prompts as token ids, rendered with the model's chat template (for peer sides)."""
+def prompt_ids(model_dir: Path, prompts: dict[str, list[dict]] = PROMPTS) -> dict[str, list[int]]:
+    """The prompts as token ids, rendered with the model's chat template as the server
+    renders them (for peer sides, which are given ids)."""
     from transformers import AutoTokenizer
 
     from inference.runtime.prompt import PromptBuilder
 
     builder = PromptBuilder(AutoTokenizer.from_pretrained(model_dir), context_tokens=0)
-    return {name: builder.encode(messages) for name, messages in PROMPTS.items()}
+    return {name: builder.encode(messages) for name, messages in prompts.items()}
 
 
 def run_side_by_side(

@@ -18,14 +18,18 @@ from bench.prompts import PROMPTS
 from bench.stats import percentile
 
 
-def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 600) -> dict:
-    """One streamed request; {ttft_ms, latency_s, tokens, arrivals} or {error}. `arrivals`
-    are the perf_counter times of the deltas."""
+def chat_once(
+    url: str, messages: list[dict], max_tokens: int, timeout: float = 600, **fields
+) -> dict:
+    """One streamed request; {ttft_ms, latency_s, tokens, arrivals, text, done} or {error}.
+    `arrivals` are the perf_counter times of the deltas, `text` their text, `done` the final
+    event (usage, timings); `fields` are more body fields (temperature, ...)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True})
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True, **fields})
     started = time.perf_counter()
     arrivals: list[float] = []
+    pieces: list[str] = []
     try:
         conn.request(
             "POST",
@@ -45,6 +49,7 @@ def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 
             event = json.loads(line[6:])
             if "delta" in event:
                 arrivals.append(time.perf_counter())
+                pieces.append(event["delta"])
             if event.get("done"):
                 end = time.perf_counter()
                 return {
@@ -52,6 +57,8 @@ def chat_once(url: str, messages: list[dict], max_tokens: int, timeout: float = 
                     "latency_s": end - started,
                     "tokens": event["usage"]["completion_tokens"],
                     "arrivals": arrivals,
+                    "text": "".join(pieces),
+                    "done": event,
                 }
         return {"error": "the stream ended without a done event"}
     except (OSError, ValueError, KeyError) as exc:  # network, or a malformed event
