@@ -102,9 +102,7 @@ class DeskchatSide:
 
 class LlamaSide:
     """llama.cpp on the embedded GGUF through `Llama.generate` (greedy), with or without its
-    prompt-lookup draft model. Its forward passes are counted by wrapping `Llama.eval`, which
-    generate calls once per pass with the last token and the drafts; a token it yields is an
-    accepted draft when it equals the draft fed at its position."""
+    prompt-lookup draft model (counted_generate counts its passes and accepted drafts)."""
 
     def __init__(self, name: str, gguf: Path, threads: int, lookup_tokens: int = 0):
         from bench.peer_llamacpp import LlamaCppSide
@@ -130,31 +128,9 @@ class LlamaSide:
 
     def run(self, task: Task, ids: list[int], max_tokens: int) -> dict:
         llm = self.peer.llm
-        feeds: list[int] = []  # tokens fed per forward pass
-        plain_eval = llm.eval
-
-        def counted_eval(tokens):
-            feeds.append(len(tokens))
-            plain_eval(tokens)
-
-        llm.eval = counted_eval
         llm.reset()  # no KV reuse across requests: every prompt is prefilled whole
-        out: list[int] = []
-        accepted = 0
-        started = first = last = time.perf_counter()
-        try:
-            for token in llm.generate(ids, temp=0.0, repeat_penalty=1.0):
-                last = time.perf_counter()
-                if not out:
-                    first = last
-                at = len(ids) + len(out)  # this token's position
-                if at < llm.n_tokens and int(llm.input_ids[at]) == token:
-                    accepted += 1
-                out.append(token)
-                if token in self.eog or len(out) >= max_tokens:
-                    break
-        finally:
-            del llm.eval
+        started = time.perf_counter()
+        out, accepted, feeds, first, last = counted_generate(llm, ids, max_tokens, self.eog)
         text = llm.detokenize([t for t in out if t not in self.eog])
         return {
             "prompt_tokens": len(ids),
@@ -167,6 +143,41 @@ class LlamaSide:
             "finish": "stop" if out and out[-1] in self.eog else "length",
             "text": text.decode("utf-8", errors="replace"),
         }
+
+
+def counted_generate(llm, ids: list[int], max_tokens: int, eog: set[int]):
+    """`llm.generate(ids)` greedy up to an end-of-generation token or max_tokens: the tokens,
+    how many were accepted drafts, the tokens fed per forward pass (the prompt's first, then
+    the last token and its drafts), and the perf_counter times of the first and last token.
+
+    Token k of the answer sits at position len(ids) + k; when generate yields it, the
+    positions up to `llm.n_tokens` hold what was fed, so it was drafted and accepted when
+    such a position holds it."""
+    feeds: list[int] = []
+    plain_eval = llm.eval
+
+    def counted_eval(tokens):
+        feeds.append(len(tokens))
+        plain_eval(tokens)
+
+    llm.eval = counted_eval  # generate calls self.eval once per forward pass
+    out: list[int] = []
+    accepted = 0
+    first = last = time.perf_counter()
+    try:
+        for token in llm.generate(ids, temp=0.0, repeat_penalty=1.0):
+            last = time.perf_counter()
+            if not out:
+                first = last
+            at = len(ids) + len(out)
+            if at < llm.n_tokens and int(llm.input_ids[at]) == token:
+                accepted += 1
+            out.append(token)
+            if token in eog or len(out) >= max_tokens:
+                break
+    finally:
+        del llm.eval
+    return out, accepted, feeds, first, last
 
 
 # -- the passes ---------------------------------------------------------------------------------

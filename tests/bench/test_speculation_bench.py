@@ -7,6 +7,7 @@ import json
 import sys
 from argparse import Namespace
 
+import numpy as np
 import pytest
 
 from bench.compare import speculation
@@ -144,6 +145,50 @@ def test_missing_llama_cpp_skips_its_sides_with_the_install_hint(monkeypatch):
     sides, why = speculation.llama_sides(Namespace(peer="llamacpp"), 2, said.append)
     assert sides == {} and "pip install -r requirements-peer.txt" in why
     assert said and "skipped" in said[0]
+
+
+class _ScriptedLlama:
+    """Llama.generate's loop as llama-cpp-python 0.3.36 runs it with a draft model (eval the
+    last token and the drafts, sample at each fed position, cut the cache at the first
+    disagreement), over a model whose greedy answer is `answer`."""
+
+    def __init__(self, answer: list[int], drafts: list[list[int]]):
+        self.answer, self.drafts = answer, iter(drafts)
+        self.input_ids = np.zeros(64, dtype=np.intc)
+        self.n_tokens = 0
+
+    def eval(self, tokens):
+        self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
+
+    def generate(self, tokens, **_sampling):
+        prompt, tokens = len(tokens), list(tokens)
+        sample_idx = self.n_tokens + len(tokens) - 1
+        while True:
+            self.eval(tokens)
+            while sample_idx < self.n_tokens:
+                token = self.answer[sample_idx + 1 - prompt]  # the greedy pick
+                sample_idx += 1
+                yield token
+                tokens = [token]
+                if sample_idx < self.n_tokens and token != self.input_ids[sample_idx]:
+                    self.n_tokens = sample_idx
+                    break
+            tokens += next(self.drafts)
+
+
+def test_llama_cpp_passes_and_accepted_drafts_are_counted_from_generate():
+    answer = [10, 11, 12, 13, 14, 15, 16, 2]
+    # after 10: drafts 11 12 99 (two accepted, 13 corrects 99); after 13: none; after 14:
+    # 15 16 2 (all accepted, the end token among them)
+    llm = _ScriptedLlama(answer, [[11, 12, 99], [], [15, 16, 2, 7]])
+    out, accepted, feeds, first, last = speculation.counted_generate(llm, [1, 1, 1], 20, {2})
+    assert out == answer and accepted == 2 + 3
+    assert feeds == [3, 1 + 3, 1, 1 + 4] and first <= last
+    assert "eval" not in vars(llm)  # the counting wrapper is gone
+    llm = _ScriptedLlama(answer, [[11, 12, 99], [], [15, 16, 2, 7]])
+    out, accepted, feeds, *_ = speculation.counted_generate(llm, [1, 1, 1], 2, {2})
+    assert out == [10, 11] and accepted == 1 and feeds == [3, 4]
 
 
 class _At:
