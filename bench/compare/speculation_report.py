@@ -302,10 +302,11 @@ def format_report(report: dict) -> str:
         lines.append(f"- {t['what']}: {_num(t['value'])} (target >= {t['target']}): {verdict}")
     agree = report.get("llamacpp_same_text")
     if agree:
-        lines.append(
-            f"- llama.cpp plain and lookup gave the same text on {agree['same']} of "
-            f"{agree['of']} answers"
-        )
+        lines += [
+            "",
+            f"llama.cpp plain and lookup gave the same text on {agree['same']} of "
+            f"{agree['of']} answers (its passes of several tokens may round otherwise).",
+        ]
     m = report["meta"]
     lines += [
         "",
