@@ -152,7 +152,8 @@ def counted_generate(llm, ids: list[int], max_tokens: int, eog: set[int]):
 
     Token k of the answer sits at position len(ids) + k; when generate yields it, the
     positions up to `llm.n_tokens` hold what was fed, so it was drafted and accepted when
-    such a position holds it."""
+    such a position holds it. The answer's last token is not counted, as deskchat's engine
+    does not count it (it stops verifying there)."""
     feeds: list[int] = []
     plain_eval = llm.eval
 
@@ -170,11 +171,11 @@ def counted_generate(llm, ids: list[int], max_tokens: int, eog: set[int]):
             if not out:
                 first = last
             at = len(ids) + len(out)
-            if at < llm.n_tokens and int(llm.input_ids[at]) == token:
-                accepted += 1
             out.append(token)
             if token in eog or len(out) >= max_tokens:
                 break
+            if at < llm.n_tokens and int(llm.input_ids[at]) == token:
+                accepted += 1
     finally:
         del llm.eval
     return out, accepted, feeds, first, last
