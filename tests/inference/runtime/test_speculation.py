@@ -135,6 +135,22 @@ def test_greedy_answers_are_the_same_with_and_without_drafts(engines):
 
 
 @pytest.mark.slow
+def test_every_answer_of_the_bench_task_set_is_the_same_with_drafts(engines):
+    """The 32 prompts python -m bench --speculation measures, 160 tokens as it asks."""
+    from bench.speculation_tasks import TASKS
+
+    engine, plain, prompts = engines
+    sampling = Sampling(max_tokens=160)
+    accepted = 0
+    for task in TASKS:
+        ids = prompts.encode(task.messages)
+        fast, result = answer(engine, ids, sampling)
+        assert fast == answer(plain, ids, sampling)[0], task.name
+        accepted += result.accepted
+    assert accepted > 0
+
+
+@pytest.mark.slow
 def test_answers_are_the_same_with_drafts_beside_other_streams(engines):
     engine, plain, prompts = engines
     jobs = [encode(prompts, q) for q in [*GROUNDED, OPEN]]
