@@ -16,6 +16,7 @@ from inference.runtime.jobs import Done, Failed, Job, Sampling
 from inference.runtime.speculation import PromptLookup
 from service.config import load_config
 from service.errors import Cancelled, Timeout
+from tests.support.engines import batched
 from tests.support.fakes import terminal_events
 from tests.support.schemas import TICKET
 
@@ -155,17 +156,7 @@ def test_answers_are_the_same_with_drafts_beside_other_streams(engines):
     engine, plain, prompts = engines
     jobs = [encode(prompts, q) for q in [*GROUNDED, OPEN]]
     expected = [answer(plain, ids, GREEDY)[0] for ids in jobs]
-    streams = {i: engine.open(ids, GREEDY) for i, ids in enumerate(jobs)}
-    texts = ["" for _ in jobs]
-    while streams:
-        engine.step(list(streams.values()))
-        for i, stream in list(streams.items()):
-            texts[i] += stream.take_text()
-            if stream.finish is not None:
-                engine.close(stream)
-                texts[i] += stream.take_text()
-                del streams[i]
-    assert texts == expected
+    assert batched(engine, [(ids, GREEDY) for ids in jobs]) == expected
 
 
 def test_seeded_sampling_gives_the_same_text_with_and_without_drafts(engines):
