@@ -140,6 +140,12 @@ class Config:
         "Reuse the last prompt's KV cache when the next prompt continues that conversation "
         "(off: it slows fresh prompts more than it speeds follow-ups; docs/speed.md).",
     )
+    native: bool = _setting(
+        True,
+        "Run the decode step in deskchat's own C library, built for this CPU with its C "
+        "compiler (at install, or at start when missing); off, or without a compiler, the "
+        "torch step serves. docs/native.md.",
+    )
     speculate: bool = _setting(
         True,
         "Check the tokens an answer's prompt suggests come next (prompt lookup) in the same "

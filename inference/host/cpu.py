@@ -169,10 +169,13 @@ class Plan:
 DEFAULT_QUANTIZE = "auto"
 
 
-def plan(paths: Paths, requested: str, int8_engine: str = "auto") -> Plan:
+def plan(paths: Paths, requested: str, int8_engine: str = "auto", native: bool = False) -> Plan:
     """What to serve for --quantize `requested` and --int8-engine on a CPU with `paths`.
     The defaults never fail (fp32 where no int8 kernel works); another choice that cannot
-    run here is refused with a message saying why and what to use instead."""
+    run here is refused with a message saying why and what to use instead. `native`: the
+    native decode step (inference/native) loaded here, which runs int8-row on any CPU."""
+    if native:
+        paths = dataclasses.replace(paths, int8_row="native")
     if int8_engine != "auto":
         if int8_engine not in paths.int8_engines:
             usable = ", ".join(paths.int8_engines) or "none"
@@ -251,9 +254,9 @@ def detect() -> CpuFacts:
     )
 
 
-def plan_here(requested: str, int8_engine: str = "auto") -> Plan:
+def plan_here(requested: str, int8_engine: str = "auto", native: bool = False) -> Plan:
     """This machine's plan for --quantize and --int8-engine; raises CpuUnsupported."""
-    return plan(choose(detect()), requested, int8_engine)
+    return plan(choose(detect()), requested, int8_engine, native)
 
 
 def use(chosen: Plan) -> None:

@@ -165,12 +165,14 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
 
     from inference.host import cpu
     from inference.loading.checkpoint import compute_dtype, load_quantized
+    from inference.native import library as native
     from inference.quant.smooth import CALIBRATION_TEXT
     from inference.runtime.engine import Engine
     from inference.runtime.prompt import PromptBuilder, read_only, shed_build_copies
 
     torch.set_num_threads(config.threads)
-    plan = cpu.plan_here(config.quantize, config.int8_engine)
+    lib = native.load(cpu.choose(cpu.detect()).isa) if config.native else None
+    plan = cpu.plan_here(config.quantize, config.int8_engine, native=lib is not None)
     fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
     (log.warning if fell_back else log.info)("%s", plan.summary())
     cpu.use(plan)
@@ -191,7 +193,8 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-        model = load_quantized(choice.path, quantize, config.dtype, calibration)
+        lib = lib if quantize == "int8-row" else None
+        model = load_quantized(choice.path, quantize, config.dtype, calibration, lib)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",

@@ -111,13 +111,18 @@ def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.
 
 
 def load_quantized(
-    folder: Path, quantize: str, dtype: str, calibration_ids: torch.Tensor | None = None
+    folder: Path,
+    quantize: str,
+    dtype: str,
+    calibration_ids: torch.Tensor | None = None,
+    native=None,
 ) -> nn.Module:
     """Build the model from `folder` with its Linears (lm_head included) quantized.
 
     Llama-style decoders (LAYERWISE_TYPES, safetensors weights) are built layer by layer,
     for a low memory peak; any other model is loaded whole and then quantized, without
-    smoothing. For int8, `calibration_ids` turns
+    smoothing. `native` (an inference/native Library) keeps int8-row weights for it
+    instead of fbgemm's packs. For int8, `calibration_ids` turns
     on smoothing (inference/quant/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
     """
@@ -126,7 +131,7 @@ def load_quantized(
     from inference.quant import rowint8, smooth
 
     target = compute_dtype(quantize, dtype)
-    per_row = quantize == "int8-row" and rowint8.available()
+    per_row = quantize == "int8-row" and (native is not None or rowint8.available())
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
         return _load_then_quantize(folder, quantize, target)
@@ -169,7 +174,7 @@ def load_quantized(
             log.warning("layer %d is not Llama-style: int8 without smoothing", i)
             with torch.inference_mode():
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position)
-        if not (per_row and rowint8.quantize_decoder_layer(layer)):
+        if not (per_row and rowint8.quantize_decoder_layer(layer, native)):
             if per_row:
                 log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
             torchao.quantize_linears(layer, quantize)
@@ -195,7 +200,11 @@ def load_quantized(
     if per_row:
         blocks = reader.row_blocks(head_name, rowint8.ROWS_PER_CHUNK, torch.bfloat16)
         model.lm_head = rowint8.RowInt8Linear.from_blocks(
-            config.hidden_size, blocks, column_scale=head_scale
+            config.hidden_size,
+            blocks,
+            column_scale=head_scale,
+            native=native,
+            out_features=reader.rows(head_name),
         )
     else:
         parts = []

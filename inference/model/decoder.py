@@ -112,6 +112,47 @@ class Decoder:
         half = self.head_dim // 2
         self.cos = cos  # [context, head_dim]
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rotate
+        self.eps = float(body.norm.variance_epsilon) if self.fused_norms else 0.0
+        self.intermediate = self._fused[0].gate_up_sizes[0] if self._fused else 0
+        self._native = self._native_model()
+
+    @property
+    def native(self) -> str | None:
+        """The native library's build level when it runs this decoder's steps, else None."""
+        return self._native.lib.isa if self._native is not None else None
+
+    def _native_model(self):
+        """The whole step in the native library (inference/native) when every projection
+        is one of its int8 weights and the layers are plain (RMSNorm, SiLU, float32)."""
+        if not (self._fused and self.fused_norms and isinstance(self.lm_head, RowInt8Linear)):
+            return None
+        linears = self.step_linears()
+        libs = {id(lin.native) for lin in linears}
+        if len(libs) != 1 or linears[0].native is None:
+            return None
+        if any(
+            type(p.act).__name__ != "SiLUActivation" and not isinstance(p.act, torch.nn.SiLU)
+            for p in self._fused
+        ):
+            return None
+        from inference.native.library import NativeModel
+
+        try:
+            return NativeModel(linears[0].native, self)
+        except ValueError:
+            return None
+
+    def final_norm_weight(self) -> torch.Tensor:
+        return self.model.model.norm.weight
+
+    def native_layers(self) -> list[tuple]:
+        """Per layer, what the native step is given: the two norms' weights and the fused
+        q/k/v, o, fused gate/up and down Linears."""
+        return [
+            (lay.input_layernorm.weight, lay.post_attention_layernorm.weight, p.qkv, p.o_proj,
+             p.gate_up, p.down)
+            for lay, p in zip(self.layers, self._fused, strict=True)
+        ]  # fmt: skip
 
     def rows_independent(self) -> bool:
         """True when every projection this forward calls is per-row int8: a row's result is
@@ -147,8 +188,15 @@ class Decoder:
             positions.append(torch.arange(seg.cache.length, seg.cache.length + len(seg.ids)))
             out.extend(range(start, len(ids)) if seg.decoding else [len(ids) - 1])
         pos = torch.cat(positions)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [rows, 1, head_dim]
         hidden = self.embed(torch.tensor(ids, dtype=torch.long))
+        if self._native is not None:
+            caches = [seg.cache for seg in segments for _ in seg.ids]
+            rows = range(len(ids)) if every_row else out
+            logits = self._native.forward(hidden.float().contiguous(), pos.tolist(), caches, rows)
+            for seg in segments:
+                seg.cache.commit(len(seg.ids))
+            return logits
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [rows, 1, head_dim]
         if self._fused is not None:
             for index, parts in enumerate(self._fused):
                 hidden = self._fused_layer(index, parts, hidden, cos, sin, segments, spans)

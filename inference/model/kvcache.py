@@ -34,6 +34,11 @@ class SequenceCache:
     def nbytes(self) -> int:
         return self._buf.numel() * self._buf.element_size()
 
+    def buffer(self) -> torch.Tensor:
+        """The whole [layers, 2, kv_heads, allocated, head_dim] buffer (the native step
+        writes and reads it in place)."""
+        return self._buf
+
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` more positions (called once per forward, before any layer)."""
         need = self.length + tokens

@@ -115,21 +115,29 @@ class RowInt8Linear(nn.Module):
     kernel sums exactly.
     """
 
-    def __init__(self, in_features: int, bias: torch.Tensor | None = None):
+    def __init__(self, in_features: int, bias: torch.Tensor | None = None, native=None):
         super().__init__()
         self.in_features = in_features
         self.out_features = 0
-        self.limit = row_limit()
+        # With the native library (inference/native) the int8 weight is kept as it is, for
+        # its own products (8-bit rows on every CPU: they never saturate there), and
+        # fbgemm's packed copy is never made.
+        self.native = native
+        self.limit = 127 if native is not None else row_limit()
         # Packed fbgemm weights are opaque objects: plain attributes, not buffers, so that
         # state_dict() and .to() never see them.
         self._packed: list = []
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.register_buffer("weight_q", None)
+        self.register_buffer("weight_scale", None)
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> RowInt8Linear:
+    def from_weight(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, native=None
+    ) -> RowInt8Linear:
         rows = weight.shape[0]
         blocks = ((s, weight[s : s + ROWS_PER_CHUNK]) for s in range(0, rows, ROWS_PER_CHUNK))
-        return cls.from_blocks(weight.shape[1], blocks, bias)
+        return cls.from_blocks(weight.shape[1], blocks, bias, native=native, out_features=rows)
 
     @classmethod
     def from_blocks(
@@ -138,12 +146,18 @@ class RowInt8Linear(nn.Module):
         blocks,
         bias: torch.Tensor | None = None,
         column_scale: torch.Tensor | None = None,
+        native=None,
+        out_features: int | None = None,
     ):
         """`blocks` yields (first row, float block [n, in_features]) in order; the weight is
         those rows with their columns multiplied by `column_scale` (when given). Blocks are
         quantized as they come and packed ROWS_PER_PACK rows at a time: small blocks keep
-        the float temporaries of a big weight small, and few packs keep the calls few."""
-        linear = cls(in_features, bias)
+        the float temporaries of a big weight small, and few packs keep the calls few. For
+        the native library they are written into one int8 weight of `out_features` rows."""
+        linear = cls(in_features, bias, native)
+        if native is not None:
+            linear._keep_int8(blocks, column_scale, out_features)
+            return linear
         q_parts, scale_parts, pending = [], [], 0
         for _start, block in blocks:
             q, scale = quantize_weight(block, column_scale)
@@ -156,6 +170,15 @@ class RowInt8Linear(nn.Module):
         if q_parts:
             linear._add_pack(q_parts, scale_parts)
         return linear
+
+    def _keep_int8(self, blocks, column_scale, rows: int) -> None:
+        self.weight_q = torch.empty(rows, self.in_features, dtype=torch.int8)
+        self.weight_scale = torch.empty(rows)
+        for start, block in blocks:
+            q, scale = quantize_weight(block, column_scale)
+            self.weight_q[start : start + q.shape[0]] = q
+            self.weight_scale[start : start + q.shape[0]] = scale
+        self.out_features = rows
 
     def _add_pack(self, q_parts: list[torch.Tensor], scale_parts: list[torch.Tensor]) -> None:
         q = q_parts[0] if len(q_parts) == 1 else torch.cat(q_parts)
@@ -175,6 +198,8 @@ class RowInt8Linear(nn.Module):
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """forward for float32 [M, in_features], the decoder's own call (no reshapes, no
         module call)."""
+        if self.native is not None:
+            return self.native.linear(self.weight_q, self.weight_scale, self.bias, x)
         return self._gemm(*scale_rows(x, self.limit))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,12 +207,13 @@ class RowInt8Linear(nn.Module):
             return self.rows(x)
         shape = x.shape
         flat = x.reshape(-1, self.in_features).float()
-        y = self._gemm(*scale_rows(flat, self.limit))
+        y = self.rows(flat)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}, out={self.out_features}, packs={len(self._packed)}, "
+            f"native={self.native is not None}, "
             f"limit={self.limit}, bias={self.bias is not None}"
         )
 
@@ -245,7 +271,7 @@ class FusedPart(nn.Module):
         return f"part {self.index} of the fused projection, out={self.out_features}"
 
 
-def fuse(owner: nn.Module, names: list[str], fused_name: str) -> None:
+def fuse(owner: nn.Module, names: list[str], fused_name: str, native=None) -> None:
     """Replace owner's nn.Linear projections `names` (same input) by parts of one fused
     RowInt8Linear, registered on owner as `fused_name`."""
     linears = [getattr(owner, n) for n in names]
@@ -260,14 +286,14 @@ def fuse(owner: nn.Module, names: list[str], fused_name: str) -> None:
             ]
         )
     sizes = [lin.out_features for lin in linears]
-    fused = FusedParts(RowInt8Linear.from_weight(weight, bias), sizes)
+    fused = FusedParts(RowInt8Linear.from_weight(weight, bias, native), sizes)
     del weight
     setattr(owner, fused_name, fused)
     for i, name in enumerate(names):
         setattr(owner, name, fused.part(i))
 
 
-def quantize_decoder_layer(layer: nn.Module) -> bool:
+def quantize_decoder_layer(layer: nn.Module, native=None) -> bool:
     """Llama/Qwen2-style layer: fused q/k/v and gate/up, o_proj and down_proj each their
     own, all RowInt8Linear. False (layer untouched) when the layer is not of that shape."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -275,11 +301,11 @@ def quantize_decoder_layer(layer: nn.Module) -> bool:
     wanted = [(attn, n) for n in [*qkv, "o_proj"]] + [(mlp, n) for n in [*gate_up, "down_proj"]]
     if not all(type(getattr(m, n, None)) is nn.Linear for m, n in wanted):
         return False
-    fuse(attn, qkv, "qkv_proj")
-    fuse(mlp, gate_up, "gate_up_proj")
+    fuse(attn, qkv, "qkv_proj", native)
+    fuse(mlp, gate_up, "gate_up_proj", native)
     for module, name in [(attn, "o_proj"), (mlp, "down_proj")]:
         linear = getattr(module, name)
-        setattr(module, name, RowInt8Linear.from_weight(linear.weight, linear.bias))
+        setattr(module, name, RowInt8Linear.from_weight(linear.weight, linear.bias, native))
     return True
 
 

@@ -1,0 +1,148 @@
+"""Builds the native decode step (step.c) with this PC's C compiler, for its instruction set.
+
+One shared library per instruction-set level (avx2, avx, sse4.2 or plain x86-64), named by
+a hash of the source, the flags and the compiler's version, so an upgrade of any of them
+builds afresh and an unchanged one is found again. `make install` and system/install.sh
+build it; the server builds it on start when it is missing and the folder is writable.
+Nothing here touches the network. `python -m inference.native.build` builds for this CPU
+and prints the library's path (or why not, exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("deskchat.native")
+
+SOURCE = Path(__file__).with_name("step.c")
+# Per level: what the compiler may use. avx512 CPUs take the avx2 build (no AVX-512 kernel
+# yet); the SSE4.2 build is SSSE3's integer products, which every such CPU has.
+ISA_FLAGS = {
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx": ["-mavx"],
+    "sse4.2": ["-msse4.2"],
+    "older": [],
+}
+LEVEL_OF = {"avx512": "avx2"}
+# -ffp-contract=off: GCC would fuse a * b + c into an FMA in some copies of a loop and not
+# in others (the unrolled rows vs the last row), and a row's bits would follow its place.
+COMMON_FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off"]
+COMMON_FLAGS += ["-Wno-psabi"]
+COMPILE_SECONDS = 120
+
+
+class BuildError(RuntimeError):
+    """No compiler, or the compiler refused: the torch path serves."""
+
+
+def level(isa: str) -> str:
+    """The build level that serves a CPU of generation `isa` (inference/host/cpu.py)."""
+    isa = LEVEL_OF.get(isa, isa)
+    return isa if isa in ISA_FLAGS else "older"
+
+
+def library_dir() -> Path:
+    """DESKCHAT_NATIVE_DIR, else a folder of the venv (where `make install` puts it)."""
+    return Path(os.environ.get("DESKCHAT_NATIVE_DIR") or Path(sys.prefix) / "deskchat-native")
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _version(cc: str) -> str:
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildError(f"C compiler {cc} does not run: {exc}") from exc
+    return done.stdout.splitlines()[0] if done.stdout else cc
+
+
+def library_name(isa: str, cc: str) -> str:
+    flags = " ".join(COMMON_FLAGS + ISA_FLAGS[level(isa)])
+    digest = hashlib.sha256(SOURCE.read_bytes() + flags.encode() + _version(cc).encode())
+    return f"libdeskchat-step-{level(isa)}-{digest.hexdigest()[:12]}.so"
+
+
+def built(isa: str, folder: Path | None = None) -> Path | None:
+    """The library for `isa` if it is built already (None without a compiler to name it)."""
+    cc = compiler()
+    if cc is None:
+        return None
+    try:
+        path = (folder or library_dir()) / library_name(isa, cc)
+    except BuildError:
+        return None
+    return path if path.is_file() else None
+
+
+def build(isa: str, folder: Path | None = None) -> Path:
+    """The library for `isa`, compiled now unless it is there. Raises BuildError."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (cc or gcc; Debian: apt-get install gcc)")
+    folder = folder or library_dir()
+    path = folder / library_name(isa, cc)
+    if path.is_file():
+        return path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+    except OSError as exc:
+        raise BuildError(f"cannot write the library to {folder}: {exc}") from exc
+    command = [
+        cc,
+        *COMMON_FLAGS,
+        *ISA_FLAGS[level(isa)],
+        "-o",
+        tmp,
+        str(SOURCE),
+        "-lm",
+        "-lpthread",
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        if done.returncode != 0:
+            raise BuildError(f"{cc} failed: {' '.join(done.stderr.split())[:300]}")
+        os.chmod(tmp, 0o755)  # the service's own user (DynamicUser=) must read it
+        os.replace(tmp, path)  # whole or not at all, for a server starting beside the build
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildError(f"{cc} failed: {exc}") from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    log.info("built the native decode step for %s: %s", level(isa), path)
+    return path
+
+
+def this_cpu() -> str:
+    """This CPU's generation, as the server's plan names it (capped by ATEN_CPU_CAPABILITY)."""
+    from inference.host import cpu
+
+    facts = cpu.detect()
+    return cpu.isa_level(facts.flags, facts.capability)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--isa", choices=[*ISA_FLAGS, "avx512"], help="default: this CPU's")
+    parser.add_argument("--dir", type=Path, help="default: " + str(library_dir()))
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.isa or this_cpu(), args.dir))
+    except BuildError as exc:
+        print(f"native decode step not built: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

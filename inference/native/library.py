@@ -1,0 +1,150 @@
+"""The native decode step as Python sees it: load the library for this CPU, hand it the
+weights the loader already holds, run a step.
+
+The library keeps pointers into the torch tensors given to it (int8 weights, scales, norms,
+rotary tables); `NativeModel` holds those tensors for as long as it lives. ctypes releases
+the GIL during a call, so the HTTP threads run while a step computes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from inference.native import build
+
+log = logging.getLogger("deskchat.native")
+
+ABI_VERSION = 1
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_F = ctypes.c_float
+_SIGNATURES = {
+    "dc_abi": (_I, []),
+    "dc_isa": (ctypes.c_char_p, []),
+    "dc_model_new": (_P, [_I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P]),
+    "dc_model_free": (None, [_P]),
+    "dc_layer_set": (_I, [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
+    "dc_head_set": (None, [_P, _P, _P]),
+    "dc_forward": (_I, [_P, _I, _P, _P, _P, _P, _I, _P, _P, _I]),
+    "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
+}
+
+
+class Library:
+    """One loaded build of step.c."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(self.dll, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        if self.dll.dc_abi() != ABI_VERSION:
+            raise OSError(f"{path.name} speaks ABI {self.dll.dc_abi()}, not {ABI_VERSION}")
+        self.isa = self.dll.dc_isa().decode()
+
+    def linear(self, q, scale, bias, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, k] float32 through the int8 weight q [n, k] with per-row scales."""
+        x = x.contiguous()
+        rows, k = x.shape
+        y = torch.empty(rows, q.shape[0])
+        code = self.dll.dc_linear(
+            q.data_ptr(), scale.data_ptr(), _ptr(bias), q.shape[0], k, rows,
+            x.data_ptr(), y.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if code:
+            raise MemoryError("native Linear: out of memory")
+        return y
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+@functools.cache
+def load(isa: str | None = None) -> Library | None:
+    """The library for this CPU (or for generation `isa`), built now if it is missing and
+    the folder is writable; None (and one WARNING line saying what that costs) when it
+    cannot be had. DESKCHAT_NATIVE_ISA caps the level (tests and benches of old-CPU
+    builds on a newer CPU)."""
+    isa = os.environ.get("DESKCHAT_NATIVE_ISA") or isa or build.this_cpu()
+    try:
+        path = build.built(isa) or build.build(isa)
+        return Library(path)
+    except (build.BuildError, OSError) as exc:
+        log.warning(
+            "native decode step unavailable (%s): the torch step serves, about 2-3x slower "
+            "per token on small models (docs/native.md)",
+            " ".join(str(exc).split())[:200],
+        )
+        return None
+
+
+class NativeModel:
+    """A decoder's weights registered with the library, and its forward."""
+
+    def __init__(self, lib: Library, decoder):
+        self.lib = lib
+        self.decoder = decoder
+        self._keep = []  # every tensor the library points into
+        d = decoder
+        body = d.model.model
+        final = d.final_norm_weight()
+        self.hidden = body.embed_tokens.embedding_dim
+        self.vocab = d.lm_head.out_features
+        self.handle = lib.dll.dc_model_new(
+            len(d.layers), self.hidden, d.heads, d.kv_heads, d.head_dim, d.intermediate,
+            self.vocab, d.cos.shape[0], d.eps, d.scaling,
+            self._hold(d.cos), self._hold(d.sin), self._hold(final),
+        )  # fmt: skip
+        if not self.handle:
+            raise ValueError("the native step does not fit this model's shape")
+        for i, parts in enumerate(d.native_layers()):
+            norm_in, norm_post, qkv, o, gate_up, down = parts
+            lib.dll.dc_layer_set(
+                self.handle, i, self._hold(norm_in), self._hold(norm_post),
+                *self._linear(qkv, bias=True), *self._linear(o), *self._linear(gate_up),
+                *self._linear(down),
+            )  # fmt: skip
+        lib.dll.dc_head_set(self.handle, *self._linear(d.lm_head))
+
+    def _hold(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        t = t.detach().contiguous().float() if t.is_floating_point() else t.contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _linear(self, linear, bias: bool = False) -> list:
+        parts = [self._hold(linear.weight_q), self._hold(linear.weight_scale)]
+        return parts + [self._hold(linear.bias)] if bias else parts
+
+    def __del__(self):
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.lib.dll.dc_model_free(handle)
+
+    def forward(self, hidden, positions, caches, out_rows) -> torch.Tensor:
+        """hidden [rows, hidden] float32 (changed in place); row r goes at positions[r] of
+        caches[r] (a SequenceCache already reserved for it). Returns float32 logits of the
+        rows `out_rows`, [len(out_rows), vocab]."""
+        rows = hidden.shape[0]
+        pos = torch.tensor(positions, dtype=torch.int32)
+        ptrs = torch.tensor([c.buffer().data_ptr() for c in caches], dtype=torch.int64)
+        alloc = torch.tensor([c.allocated for c in caches], dtype=torch.int32)
+        out = torch.tensor(out_rows, dtype=torch.int32)
+        logits = torch.empty(len(out_rows), self.vocab)
+        code = self.lib.dll.dc_forward(
+            self.handle, rows, hidden.data_ptr(), pos.data_ptr(), ptrs.data_ptr(),
+            alloc.data_ptr(), len(out_rows), out.data_ptr(), logits.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if code:
+            raise MemoryError("native step: out of memory")
+        return logits

@@ -1,0 +1,615 @@
+/* deskchat's decode step in C: one call runs every layer of a Llama/Qwen2-style decoder
+ * over the rows of a step (a token per decoding stream, drafted tokens, prompt chunks).
+ *
+ * Why: the torch step is ~1,800 eager ops, each paying its dispatch at one row; here a
+ * layer is eight passes over a persistent thread pool (inference/native/README.md).
+ *
+ * Batch-invariant by construction: every value of a row is computed by one thread, in an
+ * order fixed by the row alone (its length, its position), never by the other rows or by
+ * the number of threads. Integer products are exact, so their blocking does not matter.
+ * Activations are int8 per row (symmetric, max |x| -> 127) and weights int8 per output
+ * channel; products use the sign trick (|w| as unsigned times x with w's sign), whose pair
+ * sums stay below 2 x 127 x 127 and so never saturate: 8-bit rows on every CPU.
+ *
+ * Built per CPU by inference/native/build.py (-mavx2, -mavx, -mssse3 or plain x86-64);
+ * the same source serves each, by the macros below.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+#define ABI_VERSION 1
+#define MAX_THREADS 64
+#define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
+#define ROWS 4  /* activation rows per weight load */
+
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+
+/* C has no ?: on vectors: selects by the all-ones masks comparisons give */
+static inline v8f pick(v8i mask, v8f a, v8f b) { return (v8f)(((v8i)a & mask) | ((v8i)b & ~mask)); }
+static inline v8f vmax(v8f a, v8f b) { return pick(a > b, a, b); }
+static inline v8f vmin(v8f a, v8f b) { return pick(a < b, a, b); }
+static inline v8f vabs(v8f a) { return (v8f)((v8i)a & 0x7fffffff); }
+
+/* ---------------------------------------------------------------- the model */
+
+typedef struct {
+    const int8_t *q; /* [n, k] */
+    const float *scale; /* [n] */
+    const float *bias; /* [n] or NULL */
+    int n, k;
+} Linear;
+
+typedef struct {
+    const float *input_norm, *post_norm; /* [hidden] */
+    Linear qkv, o, gate_up, down;
+} Layer;
+
+typedef struct {
+    int layers, hidden, heads, kv_heads, head_dim, inter, vocab, context;
+    float eps, scaling;
+    const float *cos, *sin; /* [context, head_dim]; sin carries rotate_half's sign */
+    const float *final_norm;
+    Linear head;
+    Layer *layer;
+} Model;
+
+const char *dc_isa(void) {
+#if defined(__AVX2__)
+    return "avx2";
+#elif defined(__AVX__)
+    return "avx";
+#elif defined(__SSSE3__)
+    return "ssse3";
+#else
+    return "x86-64";
+#endif
+}
+
+int dc_abi(void) { return ABI_VERSION; }
+
+Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_dim, int inter,
+                    int vocab, int context, float eps, float scaling, const float *cos,
+                    const float *sin, const float *final_norm) {
+    if (hidden % 32 || (heads * head_dim) % 32 || inter % 32 || head_dim % 8 || !kv_heads ||
+        heads % kv_heads)
+        return NULL;
+    Model *m = calloc(1, sizeof(Model));
+    if (!m) return NULL;
+    m->layer = calloc((size_t)layers, sizeof(Layer));
+    if (!m->layer) {
+        free(m);
+        return NULL;
+    }
+    *m = (Model){layers, hidden, heads, kv_heads, head_dim, inter, vocab, context, eps,
+                 scaling, cos, sin, final_norm, {0}, m->layer};
+    return m;
+}
+
+void dc_model_free(Model *m) {
+    if (m) free(m->layer);
+    free(m);
+}
+
+static Linear linear(const int8_t *q, const float *scale, const float *bias, int n, int k) {
+    return (Linear){q, scale, bias, n, k};
+}
+
+/* Layer i's parts: qkv [(heads + 2 kv_heads) * head_dim, hidden] (with bias or NULL), o
+ * [hidden, heads * head_dim], gate_up [2 inter, hidden] (gate rows first), down [hidden, inter]. */
+int dc_layer_set(Model *m, int i, const float *input_norm, const float *post_norm,
+                 const int8_t *qkv_q, const float *qkv_s, const float *qkv_b, const int8_t *o_q,
+                 const float *o_s, const int8_t *gu_q, const float *gu_s, const int8_t *down_q,
+                 const float *down_s) {
+    if (i < 0 || i >= m->layers) return -1;
+    int qkv_n = (m->heads + 2 * m->kv_heads) * m->head_dim;
+    m->layer[i] = (Layer){input_norm,
+                          post_norm,
+                          linear(qkv_q, qkv_s, qkv_b, qkv_n, m->hidden),
+                          linear(o_q, o_s, NULL, m->hidden, m->heads * m->head_dim),
+                          linear(gu_q, gu_s, NULL, 2 * m->inter, m->hidden),
+                          linear(down_q, down_s, NULL, m->hidden, m->inter)};
+    return 0;
+}
+
+void dc_head_set(Model *m, const int8_t *q, const float *scale) {
+    m->head = linear(q, scale, NULL, m->vocab, m->hidden);
+}
+
+/* ---------------------------------------------------------------- the thread pool */
+
+/* A pass is `items` independent work items; thread t takes a fixed contiguous share. The
+ * workers spin briefly between passes (a layer's passes are microseconds apart) and then
+ * sleep on a condition variable, so an idle server costs no CPU. */
+typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
+
+static struct {
+    int started; /* worker threads running */
+    pthread_t thread[MAX_THREADS];
+    atomic_int generation, done, sleepers;
+    work_fn fn;
+    void *ctx;
+    int items, active;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+} pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static void relax(void) {
+#if defined(__SSE2__)
+    _mm_pause();
+#endif
+}
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+#define SPIN_US 200.0
+
+static void share(int id, int active, int items, int *begin, int *end) {
+    *begin = (int)((long)items * id / active);
+    *end = (int)((long)items * (id + 1) / active);
+}
+
+static void *worker(void *arg) {
+    int id = (int)(intptr_t)arg, seen = 0;
+    for (;;) {
+        double since = 0;
+        int spins = 0, gen;
+        while ((gen = atomic_load(&pool.generation)) == seen) {
+            relax();
+            if (++spins % 256) continue;
+            if (!since) since = now_us();
+            else if (now_us() - since > SPIN_US) {
+                pthread_mutex_lock(&pool.mutex);
+                atomic_fetch_add(&pool.sleepers, 1);
+                while (atomic_load(&pool.generation) == seen)
+                    pthread_cond_wait(&pool.wake, &pool.mutex);
+                atomic_fetch_sub(&pool.sleepers, 1);
+                pthread_mutex_unlock(&pool.mutex);
+            }
+        }
+        seen = gen;
+        if (id < pool.active) {
+            int begin, end;
+            share(id, pool.active, pool.items, &begin, &end);
+            if (begin < end) pool.fn(pool.ctx, begin, end, id);
+        }
+        atomic_fetch_add(&pool.done, 1);
+    }
+    return NULL;
+}
+
+static int pool_grow(int threads) {
+    while (pool.started < threads - 1) {
+        if (pthread_create(&pool.thread[pool.started], NULL, worker,
+                           (void *)(intptr_t)(pool.started + 1)))
+            return -1;
+        pool.started++;
+    }
+    return 0;
+}
+
+/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). */
+static void run(int threads, work_fn fn, void *ctx, int items) {
+    if (threads <= 1 || items <= 1) {
+        if (items > 0) fn(ctx, 0, items, 0);
+        return;
+    }
+    if (threads > items) threads = items;
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.items = items;
+    pool.active = threads;
+    atomic_store(&pool.done, 0);
+    atomic_fetch_add(&pool.generation, 1);
+    if (atomic_load(&pool.sleepers)) {
+        pthread_mutex_lock(&pool.mutex);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.mutex);
+    }
+    int begin, end;
+    share(0, threads, items, &begin, &end);
+    if (begin < end) fn(ctx, begin, end, 0);
+    int spins = 0;
+    while (atomic_load(&pool.done) < pool.started)
+        if (++spins % 1024) relax();
+        else sched_yield();
+}
+
+/* ---------------------------------------------------------------- row kernels */
+
+static float sum_squares(const float *x, int n) {
+    v8f acc = {0};
+    for (int i = 0; i < n; i += 8) {
+        v8f v = *(const v8f *)(x + i);
+        acc += v * v;
+    }
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+static float abs_max(const float *x, int n) {
+    v8f m = {0};
+    for (int i = 0; i < n; i += 8) {
+        v8f v = *(const v8f *)(x + i);
+        m = vmax(vabs(v), m);
+    }
+    float r = 0;
+    for (int j = 0; j < 8; j++) r = m[j] > r ? m[j] : r;
+    return r;
+}
+
+/* x -> int8 in [-127, 127] (half to even) and its scale; x is overwritten by nothing. */
+static void quantize_row(const float *x, int n, int8_t *q, float *scale) {
+    float s = abs_max(x, n);
+    s = (s < 1e-12f ? 1e-12f : s) / 127.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] / s);
+    *scale = s;
+}
+
+/* RMSNorm(x) * weight, into out */
+static void rms_norm(const float *x, const float *weight, int n, float eps, float *out) {
+    float r = 1.0f / sqrtf(sum_squares(x, n) / n + eps);
+    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * r);
+}
+
+/* e^x for x <= 0 (softmax) and for SiLU's -x, Cephes' polynomial, vectorized by the compiler */
+static v8f exp8(v8f x) {
+    const v8f lo = {-87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f};
+    const v8f hi = {88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f};
+    x = vmin(vmax(x, lo), hi);
+    v8f fx = x * 1.44269504088896341f + 0.5f;
+    v8i n = __builtin_convertvector(fx, v8i);
+    v8f fn = __builtin_convertvector(n, v8f);
+    fn += __builtin_convertvector(fn > fx, v8f); /* floor: -1 where rounding went up */
+    n = __builtin_convertvector(fn, v8i);
+    x = x - fn * 0.693359375f + fn * 2.12194440e-4f;
+    v8f y = (v8f){0} + 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.0f;
+    v8i bits = (n + 127) << 23;
+    v8f pow2;
+    memcpy(&pow2, &bits, sizeof pow2);
+    return y * pow2;
+}
+
+/* ---------------------------------------------------------------- int8 products */
+
+#if defined(__AVX2__)
+static inline int32_t hsum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32 */
+static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
+                                                           int nr, int k, int32_t *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+    for (int i = 0; i < k; i += 32) {
+        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
+        __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int r = 0; r < nr; r++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)r * k + i));
+            __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
+}
+#elif defined(__SSSE3__)
+static inline int32_t hsum(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
+                                                           int nr, int k, int32_t *out) {
+    const __m128i ones = _mm_set1_epi16(1);
+    __m128i acc[ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm_setzero_si128();
+    for (int i = 0; i < k; i += 16) {
+        __m128i wv = _mm_loadu_si128((const __m128i *)(w + i));
+        __m128i aw = _mm_sign_epi8(wv, wv);
+        for (int r = 0; r < nr; r++) {
+            __m128i xv = _mm_loadu_si128((const __m128i *)(x + (size_t)r * k + i));
+            __m128i p = _mm_maddubs_epi16(aw, _mm_sign_epi8(xv, wv));
+            acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(p, ones));
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
+}
+#else
+static inline void dot_rows(const int8_t *w, const int8_t *x, int nr, int k, int32_t *out) {
+    for (int r = 0; r < nr; r++) {
+        int32_t s = 0;
+        for (int i = 0; i < k; i++) s += (int32_t)w[i] * x[(size_t)r * k + i];
+        out[r] = s;
+    }
+}
+#endif
+
+typedef struct {
+    const Linear *lin;
+    const int8_t *x; /* [rows, k] */
+    const float *xs; /* [rows] */
+    int rows;
+    float *y; /* [rows, ystride] */
+    int ystride;
+    int add; /* 1: y += result (a residual), 0: y = result */
+} Gemm;
+
+static inline void emit(const Gemm *g, int r, int n, int32_t acc) {
+    const Linear *l = g->lin;
+    float v = ((float)acc * l->scale[n]) * g->xs[r];
+    if (l->bias) v += l->bias[n];
+    float *y = g->y + (size_t)r * g->ystride + n;
+    *y = g->add ? *y + v : v;
+}
+
+static void gemm_tiles(void *ctx, int begin, int end, int thread) {
+    const Gemm *g = ctx;
+    const Linear *l = g->lin;
+    int k = l->k;
+    int32_t acc[ROWS];
+    for (int t = begin; t < end; t++) {
+        int n0 = t * TILE, n1 = n0 + TILE < l->n ? n0 + TILE : l->n;
+        int r = 0;
+        for (; r + ROWS <= g->rows; r += ROWS)
+            for (int n = n0; n < n1; n++) {
+                dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, ROWS, k, acc);
+                for (int j = 0; j < ROWS; j++) emit(g, r + j, n, acc[j]);
+            }
+        for (; r < g->rows; r++)
+            for (int n = n0; n < n1; n++) {
+                dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, 1, k, acc);
+                emit(g, r, n, acc[0]);
+            }
+    }
+}
+
+static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs, int rows,
+                 float *y, int ystride, int add) {
+    Gemm g = {l, x, xs, rows, y, ystride, add};
+    run(threads, gemm_tiles, &g, (l->n + TILE - 1) / TILE);
+}
+
+/* ---------------------------------------------------------------- a step */
+
+typedef struct {
+    const Model *m;
+    int rows;
+    float *hidden; /* [rows, hidden] */
+    const int32_t *pos;
+    float *const *cache; /* per row: its sequence's [layers, 2, kv_heads, alloc, head_dim] */
+    const int32_t *alloc;
+    int layer;
+    const float *norm; /* the norm pass's weight */
+    int8_t *xq; /* [rows, max k] */
+    float *xs;
+    float *qkv; /* [rows, qkv width] */
+    float *attn; /* [rows, heads * head_dim] */
+    float *gu; /* [rows, 2 inter] */
+    float *scores; /* [threads, context] */
+    int threads;
+} Step;
+
+static void norm_rows(void *ctx, int begin, int end, int thread) {
+    Step *s = ctx;
+    const Model *m = s->m;
+    float tmp[m->hidden];
+    for (int r = begin; r < end; r++) {
+        rms_norm(s->hidden + (size_t)r * m->hidden, s->norm, m->hidden, m->eps, tmp);
+        quantize_row(tmp, m->hidden, s->xq + (size_t)r * m->hidden, s->xs + r);
+    }
+}
+
+static float *kv_at(const Step *s, int r, int which, int kv_head, int position) {
+    const Model *m = s->m;
+    size_t alloc = (size_t)s->alloc[r], d = (size_t)m->head_dim;
+    size_t offset = (((size_t)s->layer * 2 + which) * m->kv_heads + kv_head) * alloc * d;
+    return s->cache[r] + offset + (size_t)position * d;
+}
+
+/* x * cos + roll(x, half) * signed_sin, as the torch path's _rotate */
+static void rotate(float *x, const float *cos, const float *sin, int d) {
+    float out[d];
+    int half = d / 2;
+    for (int i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
+    memcpy(x, out, sizeof out);
+}
+
+static void rope_and_store(void *ctx, int begin, int end, int thread) {
+    Step *s = ctx;
+    const Model *m = s->m;
+    int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
+    for (int r = begin; r < end; r++) {
+        float *row = s->qkv + (size_t)r * width;
+        const float *cos = m->cos + (size_t)s->pos[r] * d, *sin = m->sin + (size_t)s->pos[r] * d;
+        for (int h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * d, cos, sin, d);
+        for (int h = 0; h < m->kv_heads; h++) {
+            memcpy(kv_at(s, r, 0, h, s->pos[r]), row + (m->heads + h) * d, d * sizeof(float));
+            memcpy(kv_at(s, r, 1, h, s->pos[r]), row + (m->heads + m->kv_heads + h) * d,
+                   d * sizeof(float));
+        }
+    }
+}
+
+static float dot(const float *a, const float *b, int d) {
+    v8f acc = {0};
+    for (int i = 0; i < d; i += 8) acc += *(const v8f *)(a + i) * *(const v8f *)(b + i);
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+/* One (row, head): softmax(q . k_j * scaling) over j <= the row's position, times v. */
+static void attend(void *ctx, int begin, int end, int thread) {
+    Step *s = ctx;
+    const Model *m = s->m;
+    int d = m->head_dim, group = m->heads / m->kv_heads;
+    int width = (m->heads + 2 * m->kv_heads) * d;
+    float *scores = s->scores + (size_t)thread * m->context;
+    for (int item = begin; item < end; item++) {
+        int r = item / m->heads, h = item % m->heads, g = h / group, n = s->pos[r] + 1;
+        const float *q = s->qkv + (size_t)r * width + h * d;
+        const float *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
+        float top = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            scores[j] = dot(q, keys + (size_t)j * d, d) * m->scaling;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            v8f v = *(v8f *)(scores + j);
+            *(v8f *)(scores + j) = exp8(v - top);
+        }
+        if (j < n) {
+            v8f v = {0};
+            for (int i = j; i < n; i++) v[i - j] = scores[i] - top;
+            v = exp8(v);
+            for (int i = j; i < n; i++) scores[i] = v[i - j];
+        }
+        float total = 0;
+        for (j = 0; j < n; j++) total += scores[j];
+        v8f out[d / 8];
+        for (int i = 0; i < d / 8; i++) out[i] = (v8f){0};
+        for (j = 0; j < n; j++) {
+            const float *v = values + (size_t)j * d;
+            for (int i = 0; i < d / 8; i++) out[i] += scores[j] * *(const v8f *)(v + 8 * i);
+        }
+        float *o = s->attn + (size_t)r * m->heads * d + h * d;
+        for (int i = 0; i < d / 8; i++) *(v8f *)(o + 8 * i) = out[i] / total;
+    }
+}
+
+static void quantize_attn(void *ctx, int begin, int end, int thread) {
+    Step *s = ctx;
+    int k = s->m->heads * s->m->head_dim;
+    for (int r = begin; r < end; r++)
+        quantize_row(s->attn + (size_t)r * k, k, s->xq + (size_t)r * k, s->xs + r);
+}
+
+/* silu(gate) * up, quantized for down */
+static void silu_mul(void *ctx, int begin, int end, int thread) {
+    Step *s = ctx;
+    int inter = s->m->inter;
+    for (int r = begin; r < end; r++) {
+        float *gate = s->gu + (size_t)r * 2 * inter, *up = gate + inter;
+        for (int i = 0; i < inter; i += 8) {
+            v8f g = *(v8f *)(gate + i);
+            *(v8f *)(gate + i) = g / (1.0f + exp8(-g)) * *(v8f *)(up + i);
+        }
+        quantize_row(gate, inter, s->xq + (size_t)r * inter, s->xs + r);
+    }
+}
+
+/* Runs the rows through every layer, then the final norm and the head for the rows listed
+ * in `out` (logits [n_out, vocab]). Row r goes at position pos[r] of the cache at cache[r]
+ * (room for alloc[r] positions), which must already hold its positions before pos[r]:
+ * the rows of one sequence come in order. Returns 0, or -1 when memory ran out. */
+int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, float *const *cache,
+               const int32_t *alloc, int n_out, const int32_t *out, float *logits,
+               int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (pool_grow(threads)) threads = pool.started + 1;
+    int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
+    int k_max = m->inter > m->hidden ? m->inter : m->hidden;
+    int context = 0;
+    for (int r = 0; r < rows; r++) context = pos[r] + 1 > context ? pos[r] + 1 : context;
+    Step s = {.m = m, .rows = rows, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc};
+    s.threads = threads;
+    s.xq = aligned_alloc(32, ((size_t)rows * k_max + 31) / 32 * 32);
+    s.xs = malloc(sizeof(float) * (size_t)(rows > n_out ? rows : n_out));
+    s.qkv = aligned_alloc(32, sizeof(float) * (size_t)rows * width);
+    s.attn = aligned_alloc(32, sizeof(float) * (size_t)rows * m->heads * d);
+    s.gu = aligned_alloc(32, sizeof(float) * (size_t)rows * 2 * m->inter);
+    s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * ((context + 7) / 8 * 8));
+    int failed = !s.xq || !s.xs || !s.qkv || !s.attn || !s.gu || !s.scores;
+    Model view = *m;
+    view.context = (context + 7) / 8 * 8; /* the scores' stride per thread */
+    s.m = &view;
+    for (int i = 0; i < m->layers && !failed; i++) {
+        const Layer *l = &m->layer[i];
+        s.layer = i;
+        s.norm = l->input_norm;
+        run(threads, norm_rows, &s, rows);
+        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);
+        run(threads, rope_and_store, &s, rows);
+        run(threads, attend, &s, rows * m->heads);
+        run(threads, quantize_attn, &s, rows);
+        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);
+        s.norm = l->post_norm;
+        run(threads, norm_rows, &s, rows);
+        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0);
+        run(threads, silu_mul, &s, rows);
+        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);
+    }
+    if (!failed) {
+        float *last = aligned_alloc(32, sizeof(float) * (size_t)(n_out ? n_out : 1) * m->hidden);
+        if (last) {
+            for (int j = 0; j < n_out; j++)
+                memcpy(last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
+                       sizeof(float) * m->hidden);
+            Step f = s;
+            f.rows = n_out;
+            f.hidden = last;
+            f.norm = m->final_norm;
+            run(threads, norm_rows, &f, n_out);
+            gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
+            free(last);
+        } else failed = 1;
+    }
+    free(s.xq);
+    free(s.xs);
+    free(s.qkv);
+    free(s.attn);
+    free(s.gu);
+    free(s.scores);
+    return failed ? -1 : 0;
+}
+
+/* One Linear alone, for the paths that run a projection by itself (quality measures, a
+ * model the whole step does not fit): y [rows, n] = x [rows, k] through l. */
+int dc_linear(const int8_t *q, const float *scale, const float *bias, int n, int k, int rows,
+              const float *x, float *y, int threads) {
+    if (k % 32) return -1;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (pool_grow(threads)) threads = pool.started + 1;
+    int8_t *xq = aligned_alloc(32, ((size_t)rows * k + 31) / 32 * 32);
+    float *xs = malloc(sizeof(float) * (size_t)(rows ? rows : 1));
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return -1;
+    }
+    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r);
+    Linear l = linear(q, scale, bias, n, k);
+    gemm(threads, &l, xq, xs, rows, y, n, 0);
+    free(xq);
+    free(xs);
+    return 0;
+}
