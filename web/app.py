@@ -131,6 +131,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
         }
         if runtime.cpu is not None:
             body["cpu"] = runtime.cpu
+        if runtime.decode_step is not None:
+            body["decode_step"] = runtime.decode_step
         return jsonify(body), 200 if worker.alive else 503
 
     app.register_blueprint(chat_api.blueprint(config, runtime))

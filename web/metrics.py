@@ -78,6 +78,7 @@ class _LiveState:
                     "quantization": cpu.get("quantize", self.config.quantize),
                     "cpu_isa": cpu.get("isa", "unknown"),
                     "int8_path": cpu.get("paths", {}).get("int8", "unknown"),
+                    "decode_step": self.runtime.decode_step or "unknown",
                 },
             )
         depth = worker.depth if worker else 0

@@ -23,6 +23,7 @@ class Runtime:
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
     cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
+    decode_step: str | None = None  # "native avx2" ... or "torch": Engine.decode_step
 
     @property
     def ready(self) -> bool:

@@ -159,19 +159,29 @@ def load_model(choice: ModelChoice, config: Config, status: Status):
         ) from None
 
 
+def native_step(config: Config):
+    """The native decode step's library for this CPU (inference/native), or None: off by
+    --native, or no compiler (then one WARNING line). Loaded once per process."""
+    if not config.native:
+        return None
+    from inference.host import cpu
+    from inference.native import library
+
+    return library.load(cpu.choose(cpu.detect()).isa, Path(config.cache_dir) / "native")
+
+
 def _load_model(choice: ModelChoice, config: Config, status: Status):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from inference.host import cpu
     from inference.loading.checkpoint import compute_dtype, load_quantized
-    from inference.native import library as native
     from inference.quant.smooth import CALIBRATION_TEXT
     from inference.runtime.engine import Engine
     from inference.runtime.prompt import PromptBuilder, read_only, shed_build_copies
 
     torch.set_num_threads(config.threads)
-    lib = native.load(cpu.choose(cpu.detect()).isa) if config.native else None
+    lib = native_step(config)
     plan = cpu.plan_here(config.quantize, config.int8_engine, native=lib is not None)
     fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
     (log.warning if fell_back else log.info)("%s", plan.summary())
@@ -214,4 +224,5 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         prefix_cache=config.prefix_cache,
         speculate=config.speculate,
     )
+    log.info("decode step: %s", engine.decode_step)
     return engine, PromptBuilder(tokenizer, context)

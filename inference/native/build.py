@@ -127,7 +127,10 @@ def this_cpu() -> str:
     """This CPU's generation, as the server's plan names it (capped by ATEN_CPU_CAPABILITY)."""
     from inference.host import cpu
 
-    facts = cpu.detect()
+    try:
+        facts = cpu.detect()
+    except ImportError:  # an install without torch yet: the kernel's flags alone
+        return cpu.isa_level(cpu.proc_flags() or frozenset())
     return cpu.isa_level(facts.flags, facts.capability)
 
 

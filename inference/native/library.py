@@ -68,22 +68,26 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 @functools.cache
-def load(isa: str | None = None) -> Library | None:
-    """The library for this CPU (or for generation `isa`), built now if it is missing and
-    the folder is writable; None (and one WARNING line saying what that costs) when it
-    cannot be had. DESKCHAT_NATIVE_ISA caps the level (tests and benches of old-CPU
-    builds on a newer CPU)."""
-    isa = os.environ.get("DESKCHAT_NATIVE_ISA") or isa or build.this_cpu()
-    try:
-        path = build.built(isa) or build.build(isa)
-        return Library(path)
-    except (build.BuildError, OSError) as exc:
-        log.warning(
-            "native decode step unavailable (%s): the torch step serves, about 2-3x slower "
-            "per token on small models (docs/native.md)",
-            " ".join(str(exc).split())[:200],
-        )
-        return None
+def load(isa: str, spare: Path | None = None) -> Library | None:
+    """The library for a CPU of generation `isa`: the one `make install` built, else one
+    built now (into the venv, or `spare` where the venv is read-only, as under systemd);
+    None, and one WARNING line saying what that costs, when neither can be had.
+    DESKCHAT_NATIVE_ISA caps the level (old-CPU builds tried on a newer CPU)."""
+    isa = os.environ.get("DESKCHAT_NATIVE_ISA") or isa
+    folders = [build.library_dir(), *([spare] if spare else [])]
+    problem = None
+    for folder in folders:
+        try:
+            path = build.built(isa, folder) or build.build(isa, folder)
+            return Library(path)
+        except (build.BuildError, OSError) as exc:
+            problem = problem or exc
+    log.warning(
+        "native decode step unavailable (%s): the torch step serves, 2-4x slower per token "
+        "(docs/native.md)",
+        " ".join(str(problem).split())[:200],
+    )
+    return None
 
 
 class NativeModel:

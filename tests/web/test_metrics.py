@@ -122,6 +122,7 @@ def test_state_gauges_model_info_and_process_collectors(fake_server):
     assert value(samples, "deskchat_inference_threads") == 1
     assert value(samples, "deskchat_thread_changes_total") == 3
     info = {"model": "fake", "quantization": "none", "cpu_isa": "older", "int8_path": "none"}
+    info["decode_step"] = "unknown"  # the fake engine's runtime names none
     assert value(samples, "deskchat_model_info", **info) == 1
     assert value(samples, "process_resident_memory_bytes") > 10_000_000
     assert value(samples, "process_open_fds") > 0

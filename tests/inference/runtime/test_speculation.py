@@ -190,10 +190,14 @@ def test_after_a_rejected_draft_the_cache_gives_the_next_token_a_fresh_prefill_g
     from inference.model.decoder import Segment
 
     engine, plain, prompts = engines
-    ids = encode(prompts, GROUNDED[0])
-    fast = engine.open(ids, GREEDY)
-    while fast.finish is None and fast.drafted == fast.accepted:
-        engine.step([fast])
+    for question in [*GROUNDED, OPEN]:  # the first answer with a refused draft
+        ids = encode(prompts, question)
+        fast = engine.open(ids, GREEDY)
+        while fast.finish is None and fast.drafted == fast.accepted:
+            engine.step([fast])
+        if fast.finish is None:
+            break
+        engine.close(fast)
     assert fast.finish is None and fast.drafted > fast.accepted  # a rollback happened
     slow = plain.open(ids, GREEDY)
     while slow.completion_tokens < fast.completion_tokens:
