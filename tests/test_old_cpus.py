@@ -1,6 +1,7 @@
 """server.py on the old office PCs it is for, emulated by `qemu-x86_64 -cpu MODEL` (Debian
 package qemu-user): it starts, logs the path it chose, shows it in /health and answers
-"Tokyo"; a setting the CPU cannot run is refused at start instead of dying with SIGILL.
+"Tokyo" (with the native step built for it, and without); a setting the CPU cannot run is
+refused at start instead of dying with SIGILL.
 Emulation is slow (a start takes minutes), so these are few and short."""
 
 from __future__ import annotations
@@ -28,21 +29,44 @@ def qemu() -> list[str]:
 
 
 @pytest.mark.slow  # emulated: minutes per start
-@pytest.mark.parametrize(
-    "model, isa, int8",
-    [("Nehalem", "sse4.2", "qnnpack"), ("SandyBridge", "avx", "qnnpack")],
-)
-def test_starts_and_answers_on_an_old_cpu(model, isa, int8, qemu, start_server, embedded_dir):
+@pytest.mark.parametrize("model, isa", [("Nehalem", "sse4.2"), ("SandyBridge", "avx")])
+def test_starts_and_answers_on_an_old_cpu(model, isa, qemu, start_server, embedded_dir):
+    """The native step, built for the emulated CPU's level, serves per-row int8 there."""
     # embedded_dir: converted natively first, so the emulated start only loads it.
     server = start_server("--model", "embedded", wrapper=[*qemu, model], ready=False)
     server.wait_ready(timeout=900)
-    shown = request(server.url, "GET", "/health").json()["cpu"]
-    assert (shown["isa"], shown["paths"]["int8"], shown["quantize"]) == (isa, int8, "int8")
-    assert shown["paths"]["int8_row"] == "none"
+    health = request(server.url, "GET", "/health").json()
+    shown = health["cpu"]
+    assert (shown["isa"], shown["paths"]["int8_row"], shown["quantize"]) == (
+        isa,
+        "native",
+        "int8-row",
+    )
+    assert health["decode_step"] == f"native {isa}"
     reply = chat(server.url, QUESTION, timeout=600)
     assert reply.status == 200, reply.body
     assert "Tokyo" in reply.json()["response"]
-    chosen = [line for line in server.log().splitlines() if f"cpu {isa}: int8 {int8}," in line]
+
+
+@pytest.mark.slow  # emulated: minutes per start
+def test_without_the_native_step_an_old_cpu_serves_torch_ao_int8(qemu, start_server, embedded_dir):
+    server = start_server(
+        "--model", "embedded", "--no-native", wrapper=[*qemu, "Nehalem"], ready=False
+    )
+    server.wait_ready(timeout=900)
+    health = request(server.url, "GET", "/health").json()
+    shown = health["cpu"]
+    assert (shown["isa"], shown["paths"]["int8"], shown["quantize"]) == (
+        "sse4.2",
+        "qnnpack",
+        "int8",
+    )
+    assert shown["paths"]["int8_row"] == "none"
+    assert health["decode_step"] == "torch"
+    reply = chat(server.url, QUESTION, timeout=600)
+    assert reply.status == 200, reply.body
+    assert "Tokyo" in reply.json()["response"]
+    chosen = [line for line in server.log().splitlines() if "cpu sse4.2: int8 qnnpack," in line]
     assert len(chosen) == 1, server.log()
 
 
@@ -58,14 +82,30 @@ def test_onednn_int8_is_refused_on_nehalem_instead_of_dying(qemu, start_server):
     assert "usable here: qnnpack" in lines[0]
 
 
-def test_int8_row_is_refused_without_avx2(start_server):
-    """Natively, with torch's kernels capped below AVX2 (as on a Sandy Bridge): one line,
-    exit 2, before anything loads."""
+@pytest.mark.slow
+def test_int8_row_runs_natively_below_avx2(start_server):
+    """Natively, with torch's kernels capped below AVX2 (as on a Sandy Bridge): the native
+    step's AVX build serves per-row int8 and answers."""
+    server = start_server(
+        "--model", "embedded", "--quantize", "int8-row", env={"ATEN_CPU_CAPABILITY": "default"}
+    )
+    health = request(server.url, "GET", "/health").json()
+    assert health["decode_step"] == "native avx"
+    assert health["cpu"]["paths"]["int8_row"] == "native"
+    reply = chat(server.url, QUESTION, timeout=120)
+    assert reply.status == 200, reply.body
+    assert "Tokyo" in reply.json()["response"]
+
+
+def test_int8_row_is_refused_without_avx2_and_without_the_native_step(start_server):
+    """Natively, with torch's kernels capped below AVX2 (as on a Sandy Bridge) and --no-native:
+    one line, exit 2, before anything loads."""
     server = start_server(
         "--model",
         "embedded",
         "--quantize",
         "int8-row",
+        "--no-native",
         env={"ATEN_CPU_CAPABILITY": "default"},
         ready=False,
     )

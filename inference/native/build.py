@@ -119,7 +119,7 @@ def build(isa: str, folder: Path | None = None) -> Path:
         raise BuildError(f"{cc} failed: {exc}") from exc
     finally:
         Path(tmp).unlink(missing_ok=True)
-    log.info("built the native decode step for %s: %s", level(isa), path)
+    log.debug("built the native decode step for %s: %s", level(isa), path)
     return path
 
 

@@ -456,51 +456,82 @@ static void rope_and_store(void *ctx, int begin, int end, int thread) {
     }
 }
 
-static float dot(const float *a, const float *b, int d) {
-    v8f acc = {0};
-    for (int i = 0; i < d; i += 8) acc += *(const v8f *)(a + i) * *(const v8f *)(b + i);
-    float s = 0;
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
+/* Lane sums of 8 vectors, one per lane of the result: a fixed tree, so a key's score has
+ * the same bits wherever it sits in its block of 8 and whatever the other 7 are. */
+static inline v8f hadd(v8f a, v8f b) {
+    return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
+           __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 }
 
-/* One (row, head): softmax(q . k_j * scaling) over j <= the row's position, times v. */
+static inline v8f lane_sums(const v8f *a) {
+    v8f u0 = hadd(hadd(a[0], a[1]), hadd(a[2], a[3]));
+    v8f u1 = hadd(hadd(a[4], a[5]), hadd(a[6], a[7]));
+    return __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/* q . k for keys j0 .. j0 + count - 1 (count <= 8; the other lanes 0), d <= 256 */
+static v8f scores8(const float *q, const float *keys, int count, int d) {
+    v8f acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = (v8f){0};
+    for (int t = 0; t < count; t++) {
+        const float *k = keys + (size_t)t * d;
+        v8f a = *(const v8f *)q * *(const v8f *)k;
+        for (int i = 8; i < d; i += 8) a += *(const v8f *)(q + i) * *(const v8f *)(k + i);
+        acc[t] = a;
+    }
+    return lane_sums(acc);
+}
+
+/* One (row, key head): for each query head h of its group, softmax(q_h . k_j * scaling)
+ * over j <= the row's position, times v. The group's heads share each read of a key and a
+ * value. Keys go in blocks of 8, the last one padded with zero lanes: a row's bits depend on
+ * its position alone. */
 static void attend(void *ctx, int begin, int end, int thread) {
     Step *s = ctx;
     const Model *m = s->m;
     int d = m->head_dim, group = m->heads / m->kv_heads;
     int width = (m->heads + 2 * m->kv_heads) * d;
-    float *scores = s->scores + (size_t)thread * m->context;
+    float *scores = s->scores + (size_t)thread * group * m->context;
     for (int item = begin; item < end; item++) {
-        int r = item / m->heads, h = item % m->heads, g = h / group, n = s->pos[r] + 1;
-        const float *q = s->qkv + (size_t)r * width + h * d;
+        int r = item / m->kv_heads, g = item % m->kv_heads, n = s->pos[r] + 1;
+        const float *q = s->qkv + (size_t)r * width + (size_t)g * group * d;
         const float *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
-        float top = -INFINITY;
+        float total[group];
+        for (int h = 0; h < group; h++) {
+            float *sc_h = scores + (size_t)h * m->context;
+            v8f top8 = (v8f){0} - INFINITY;
+            for (int j = 0; j < n; j += 8) {
+                int count = n - j < 8 ? n - j : 8;
+                v8f sc = scores8(q + h * d, keys + (size_t)j * d, count, d) * m->scaling;
+                for (int t = count; t < 8; t++) sc[t] = -INFINITY;
+                *(v8f *)(sc_h + j) = sc;
+                top8 = vmax(top8, sc);
+            }
+            float top = top8[0];
+            for (int t = 1; t < 8; t++) top = top8[t] > top ? top8[t] : top;
+            v8f total8 = {0};
+            for (int j = 0; j < n; j += 8) {
+                v8f e = exp8(*(v8f *)(sc_h + j) - top);
+                for (int t = n - j; t < 8; t++) e[t] = 0;
+                *(v8f *)(sc_h + j) = e;
+                total8 += e;
+            }
+            total[h] = lane_sums((v8f[8]){total8, {0}, {0}, {0}, {0}, {0}, {0}, {0}})[0];
+        }
+        v8f out[group][d / 8];
+        memset(out, 0, sizeof out);
         for (int j = 0; j < n; j++) {
-            scores[j] = dot(q, keys + (size_t)j * d, d) * m->scaling;
-            top = scores[j] > top ? scores[j] : top;
-        }
-        int j = 0;
-        for (; j + 8 <= n; j += 8) {
-            v8f v = *(v8f *)(scores + j);
-            *(v8f *)(scores + j) = exp8(v - top);
-        }
-        if (j < n) {
-            v8f v = {0};
-            for (int i = j; i < n; i++) v[i - j] = scores[i] - top;
-            v = exp8(v);
-            for (int i = j; i < n; i++) scores[i] = v[i - j];
-        }
-        float total = 0;
-        for (j = 0; j < n; j++) total += scores[j];
-        v8f out[d / 8];
-        for (int i = 0; i < d / 8; i++) out[i] = (v8f){0};
-        for (j = 0; j < n; j++) {
             const float *v = values + (size_t)j * d;
-            for (int i = 0; i < d / 8; i++) out[i] += scores[j] * *(const v8f *)(v + 8 * i);
+            for (int h = 0; h < group; h++) {
+                float p = scores[(size_t)h * m->context + j];
+                for (int i = 0; i < d / 8; i++) out[h][i] += p * *(const v8f *)(v + 8 * i);
+            }
         }
-        float *o = s->attn + (size_t)r * m->heads * d + h * d;
-        for (int i = 0; i < d / 8; i++) *(v8f *)(o + 8 * i) = out[i] / total;
+        for (int h = 0; h < group; h++) {
+            float *o = s->attn + (size_t)r * m->heads * d + (size_t)(g * group + h) * d;
+            for (int i = 0; i < d / 8; i++) *(v8f *)(o + 8 * i) = out[h][i] / total[h];
+        }
     }
 }
 
@@ -546,7 +577,9 @@ int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, floa
     s.qkv = aligned_alloc(32, sizeof(float) * (size_t)rows * width);
     s.attn = aligned_alloc(32, sizeof(float) * (size_t)rows * m->heads * d);
     s.gu = aligned_alloc(32, sizeof(float) * (size_t)rows * 2 * m->inter);
-    s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * ((context + 7) / 8 * 8));
+    s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * (m->heads / m->kv_heads) *
+                                     ((context + 7) / 8 * 8));
+    /* scores are written 8 at a time: each thread's row of them is a whole number of 8 */
     int failed = !s.xq || !s.xs || !s.qkv || !s.attn || !s.gu || !s.scores;
     Model view = *m;
     view.context = (context + 7) / 8 * 8; /* the scores' stride per thread */
@@ -558,7 +591,7 @@ int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, floa
         run(threads, norm_rows, &s, rows);
         gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);
         run(threads, rope_and_store, &s, rows);
-        run(threads, attend, &s, rows * m->heads);
+        run(threads, attend, &s, rows * m->kv_heads);
         run(threads, quantize_attn, &s, rows);
         gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);
         s.norm = l->post_norm;
