@@ -303,3 +303,22 @@ def test_a_model_without_chat_template_is_refused_clearly(start_server, tmp_path
     server = start_server("--model", str(folder), ready=False)
     assert server.proc.wait(120) == 2
     assert "no chat template" in server.log() and "Traceback" not in server.log()
+
+
+def test_without_a_compiler_the_torch_step_serves_and_the_log_says_so(start_server, tmp_path):
+    """No native library built yet and no compiler to build one (CC names none, nothing in
+    its folder or the cache): one WARNING line saying what it costs, /health says torch,
+    and the answers come."""
+    server = start_server(
+        "--model",
+        "embedded",
+        env={"CC": str(tmp_path / "no-such-cc"), "DESKCHAT_NATIVE_DIR": str(tmp_path / "lib")},
+    )
+    health = request(server.url, "GET", "/health").json()
+    assert health["decode_step"] == "torch"
+    assert health["cpu"]["paths"]["int8_row"] != "native"
+    warnings = [line for line in server.log().splitlines() if " WARNING " in line]
+    assert len(warnings) == 1, warnings
+    assert "native decode step unavailable" in warnings[0] and "torch step serves" in warnings[0]
+    reply = chat(server.url, {"message": "What is the capital of Japan?", "max_tokens": 8})
+    assert reply.status == 200 and "Tokyo" in reply.json()["response"]

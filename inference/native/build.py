@@ -1,8 +1,8 @@
 """Builds the native decode step (step.c) with this PC's C compiler, for its instruction set.
 
 One shared library per instruction-set level (avx2, avx, sse4.2 or plain x86-64), named by
-a hash of the source, the flags and the compiler's version, so an upgrade of any of them
-builds afresh and an unchanged one is found again. `make install` and system/install.sh
+a hash of the source and the flags, so a change of either builds afresh and an unchanged
+one is found again. `make install` and system/install.sh
 build it; the server builds it on start when it is missing and the folder is writable.
 Nothing here touches the network. `python -m inference.native.build` builds for this CPU
 and prints the library's path (or why not, exit 1).
@@ -58,29 +58,25 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _version(cc: str) -> str:
+def _check_runs(cc: str) -> None:
+    """Raises BuildError naming a compiler that does not even start."""
     try:
-        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        subprocess.run([cc, "--version"], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"C compiler {cc} does not run: {exc}") from exc
-    return done.stdout.splitlines()[0] if done.stdout else cc
 
 
-def library_name(isa: str, cc: str) -> str:
+def library_name(isa: str) -> str:
+    """Named by the source and the flags: a change of either builds afresh, and a library
+    once built is found again without a compiler (one removed after the install)."""
     flags = " ".join(COMMON_FLAGS + ISA_FLAGS[level(isa)])
-    digest = hashlib.sha256(SOURCE.read_bytes() + flags.encode() + _version(cc).encode())
+    digest = hashlib.sha256(SOURCE.read_bytes() + flags.encode())
     return f"libdeskchat-step-{level(isa)}-{digest.hexdigest()[:12]}.so"
 
 
 def built(isa: str, folder: Path | None = None) -> Path | None:
-    """The library for `isa` if it is built already (None without a compiler to name it)."""
-    cc = compiler()
-    if cc is None:
-        return None
-    try:
-        path = (folder or library_dir()) / library_name(isa, cc)
-    except BuildError:
-        return None
+    """The library for `isa` if it is built already."""
+    path = (folder or library_dir()) / library_name(isa)
     return path if path.is_file() else None
 
 
@@ -90,9 +86,10 @@ def build(isa: str, folder: Path | None = None) -> Path:
     if cc is None:
         raise BuildError("no C compiler (cc or gcc; Debian: apt-get install gcc)")
     folder = folder or library_dir()
-    path = folder / library_name(isa, cc)
+    path = folder / library_name(isa)
     if path.is_file():
         return path
+    _check_runs(cc)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)

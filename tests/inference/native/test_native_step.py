@@ -26,7 +26,8 @@ def runnable_levels() -> list[str]:
 def built(level: str) -> Library:
     if level not in runnable_levels():
         pytest.skip(f"this CPU cannot run the {level} build")
-    return Library(build.build(level, TEST_CACHE / "native"))
+    # not TEST_CACHE / "native": the servers the tests start look there (--cache-dir)
+    return Library(build.build(level, TEST_CACHE / "native-builds"))
 
 
 @pytest.fixture(scope="module", params=list(build.ISA_FLAGS))
