@@ -27,6 +27,7 @@ import time
 # sampler alone uses (engine._pick); its multiply and compare count as elementwise too.
 ATTENTION = r"scaled_dot_product|flash_attention"
 CATEGORIES = [
+    ("native step", r"^deskchat::native_step$"),  # the whole forward in C (inference/native)
     ("int8 GEMM", r"^quantized::|^onednn::"),
     ("attention", ATTENTION),
     ("float GEMM", r"^aten::(linear|addmm|mm|bmm|matmul)$"),
@@ -106,6 +107,7 @@ def profile_batch(engine, prompt_ids, batch: int, steps: int) -> dict:
     ]
     return {
         "batch": batch,
+        "decode_step": engine.decode_step,
         "steps": steps,
         "threads": torch.get_num_threads(),
         "step_ms_plain_p50": round(statistics.median(plain), 2),

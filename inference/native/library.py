@@ -144,11 +144,15 @@ class NativeModel:
         alloc = torch.tensor([c.allocated for c in caches], dtype=torch.int32)
         out = torch.tensor(out_rows, dtype=torch.int32)
         logits = torch.empty(len(out_rows), self.vocab)
-        code = self.lib.dll.dc_forward(
-            self.handle, rows, hidden.data_ptr(), pos.data_ptr(), ptrs.data_ptr(),
-            alloc.data_ptr(), len(out_rows), out.data_ptr(), logits.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
+        with torch.profiler.record_function("deskchat::native_step"):  # a name for profiles
+            code = self._forward(rows, hidden, pos, ptrs, alloc, out, logits)
         if code:
             raise MemoryError("native step: out of memory")
         return logits
+
+    def _forward(self, rows, hidden, pos, ptrs, alloc, out, logits) -> int:
+        return self.lib.dll.dc_forward(
+            self.handle, rows, hidden.data_ptr(), pos.data_ptr(), ptrs.data_ptr(),
+            alloc.data_ptr(), len(out), out.data_ptr(), logits.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip

@@ -63,15 +63,16 @@ typedef struct {
     Layer *layer;
 } Model;
 
+/* The build's level, as inference/native/build.py names it */
 const char *dc_isa(void) {
 #if defined(__AVX2__)
     return "avx2";
 #elif defined(__AVX__)
     return "avx";
-#elif defined(__SSSE3__)
-    return "ssse3";
+#elif defined(__SSE4_2__)
+    return "sse4.2";
 #else
-    return "x86-64";
+    return "older";
 #endif
 }
 

@@ -27,7 +27,9 @@ def built(level: str) -> Library:
     if level not in runnable_levels():
         pytest.skip(f"this CPU cannot run the {level} build")
     # not TEST_CACHE / "native": the servers the tests start look there (--cache-dir)
-    return Library(build.build(level, TEST_CACHE / "native-builds"))
+    library = Library(build.build(level, TEST_CACHE / "native-builds"))
+    assert library.isa == level  # what /health shows as the decode step
+    return library
 
 
 @pytest.fixture(scope="module", params=list(build.ISA_FLAGS))
