@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 SUMMARY_KEYS = (
     "ttft_ms_p50",
@@ -26,6 +27,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's own peak (VmHWM of /proc/PID/status), NaN without it. Not ru_maxrss: that
+    keeps the parent's high-water mark across fork and exec (every side of a bench once
+    reported its parent's 1,576 MB)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return math.nan
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return math.nan
 
 
 def summarize(runs: list[dict], peak_rss_mb: float, load_s: float) -> dict:

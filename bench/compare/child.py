@@ -14,19 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
 
-
-def peak_rss_mb() -> float:
-    """This process's own peak (VmHWM). Not ru_maxrss: that keeps the parent's high-water
-    mark across fork and exec, so every side reported the bench parent's 1,576 MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc: KiB
+from bench.stats import peak_rss_mb
 
 
 class EngineSide:

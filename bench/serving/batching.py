@@ -23,7 +23,7 @@ from bench.launcher import Server, Setting
 from bench.models import resolve_model
 from bench.prompts import PROMPTS
 from bench.serving.http_client import chat_once, gaps_ms, run_http
-from bench.stats import percentile
+from bench.stats import peak_rss_mb, percentile
 
 LONG_PROMPT = [
     {
@@ -68,14 +68,6 @@ def long_prompt_probe(url: str) -> dict:
         "gap_ms_p99_during": round(percentile(during, 99), 1),
         "gaps_during": len(during),
     }
-
-
-def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):  # the peak
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def run_curve(

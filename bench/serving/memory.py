@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bench.launcher import Server, Setting
 from bench.models import resolve_model
-from bench.serving.batching import peak_rss_mb
 from bench.serving.http_client import chat_once
+from bench.stats import peak_rss_mb
 from service.config import load_config
 
 SENTENCE = "Budget approved for the printers; the launch moved to May; two engineers hired. "

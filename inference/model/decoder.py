@@ -124,11 +124,10 @@ class Decoder:
     def _native_model(self):
         """The whole step in the native library (inference/native) when every projection
         is one of its int8 weights and the layers are plain (RMSNorm, SiLU, float32)."""
-        if not (self._fused and self.fused_norms and isinstance(self.lm_head, RowInt8Linear)):
+        if not (self._fused and self.fused_norms):
             return None
-        linears = self.step_linears()
-        libs = {id(lin.native) for lin in linears}
-        if len(libs) != 1 or linears[0].native is None:
+        libraries = {getattr(linear, "native", None) for linear in self.step_linears()}
+        if len(libraries) != 1 or None in libraries:
             return None
         if any(
             type(p.act).__name__ != "SiLUActivation" and not isinstance(p.act, torch.nn.SiLU)
@@ -138,12 +137,9 @@ class Decoder:
         from inference.native.library import NativeModel
 
         try:
-            return NativeModel(linears[0].native, self)
+            return NativeModel(libraries.pop(), self)
         except ValueError:
             return None
-
-    def final_norm_weight(self) -> torch.Tensor:
-        return self.model.model.norm.weight
 
     def native_layers(self) -> list[tuple]:
         """Per layer, what the native step is given: the two norms' weights and the fused
@@ -192,7 +188,7 @@ class Decoder:
         if self._native is not None:
             caches = [seg.cache for seg in segments for _ in seg.ids]
             rows = range(len(ids)) if every_row else out
-            logits = self._native.forward(hidden.float().contiguous(), pos.tolist(), caches, rows)
+            logits = self._native.forward(hidden.float().contiguous(), pos, caches, rows)
             for seg in segments:
                 seg.cache.commit(len(seg.ids))
             return logits

@@ -93,19 +93,15 @@ def load(isa: str, spare: Path | None = None) -> Library | None:
 class NativeModel:
     """A decoder's weights registered with the library, and its forward."""
 
-    def __init__(self, lib: Library, decoder):
+    def __init__(self, lib: Library, d):
+        """`d`: the Decoder (inference/model/decoder.py) whose weights these are."""
         self.lib = lib
-        self.decoder = decoder
         self._keep = []  # every tensor the library points into
-        d = decoder
-        body = d.model.model
-        final = d.final_norm_weight()
-        self.hidden = body.embed_tokens.embedding_dim
         self.vocab = d.lm_head.out_features
         self.handle = lib.dll.dc_model_new(
-            len(d.layers), self.hidden, d.heads, d.kv_heads, d.head_dim, d.intermediate,
-            self.vocab, d.cos.shape[0], d.eps, d.scaling,
-            self._hold(d.cos), self._hold(d.sin), self._hold(final),
+            len(d.layers), d.embed.embedding_dim, d.heads, d.kv_heads, d.head_dim,
+            d.intermediate, self.vocab, d.cos.shape[0], d.eps, d.scaling,
+            self._hold(d.cos), self._hold(d.sin), self._hold(d.model.model.norm.weight),
         )  # fmt: skip
         if not self.handle:
             raise ValueError("the native step does not fit this model's shape")
@@ -135,24 +131,22 @@ class NativeModel:
             self.lib.dll.dc_model_free(handle)
 
     def forward(self, hidden, positions, caches, out_rows) -> torch.Tensor:
-        """hidden [rows, hidden] float32 (changed in place); row r goes at positions[r] of
-        caches[r] (a SequenceCache already reserved for it). Returns float32 logits of the
-        rows `out_rows`, [len(out_rows), vocab]."""
-        rows = hidden.shape[0]
-        pos = torch.tensor(positions, dtype=torch.int32)
+        """hidden [rows, hidden] float32 (changed in place); row r goes at positions[r] (an
+        integer tensor) of caches[r] (a SequenceCache already reserved for it). Returns
+        float32 logits of the rows `out_rows`, [len(out_rows), vocab]."""
+        pos = positions.to(torch.int32)
         ptrs = torch.tensor([c.buffer().data_ptr() for c in caches], dtype=torch.int64)
         alloc = torch.tensor([c.allocated for c in caches], dtype=torch.int32)
         out = torch.tensor(out_rows, dtype=torch.int32)
-        logits = torch.empty(len(out_rows), self.vocab)
+        logits = torch.empty(len(out), self.vocab)
         with torch.profiler.record_function("deskchat::native_step"):  # a name for profiles
-            code = self._forward(rows, hidden, pos, ptrs, alloc, out, logits)
+            code = self.lib.dll.dc_forward(
+                self.handle, hidden.shape[0], hidden.data_ptr(), pos.data_ptr(),
+                ptrs.data_ptr(), alloc.data_ptr(), len(out), out.data_ptr(),
+                logits.data_ptr(), torch.get_num_threads(),
+            )  # fmt: skip
+        if code == -2:
+            raise ValueError("a position past the rotary table (the context)")
         if code:
             raise MemoryError("native step: out of memory")
         return logits
-
-    def _forward(self, rows, hidden, pos, ptrs, alloc, out, logits) -> int:
-        return self.lib.dll.dc_forward(
-            self.handle, rows, hidden.data_ptr(), pos.data_ptr(), ptrs.data_ptr(),
-            alloc.data_ptr(), len(out), out.data_ptr(), logits.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip

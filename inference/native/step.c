@@ -57,7 +57,8 @@ typedef struct {
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter, vocab, context;
     float eps, scaling;
-    const float *cos, *sin; /* [context, head_dim]; sin carries rotate_half's sign */
+    /* [context, head_dim]: positions 0 .. context - 1; sin carries rotate_half's sign */
+    const float *cos, *sin;
     const float *final_norm;
     Linear head;
     Layer *layer;
@@ -412,8 +413,8 @@ typedef struct {
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
     float *gu; /* [rows, 2 inter] */
-    float *scores; /* [threads, context] */
-    int threads;
+    float *scores; /* per thread: a query group's scores, [group, stride] */
+    int stride; /* the longest row's keys, rounded up to 8: scores go 8 at a time */
 } Step;
 
 static void norm_rows(void *ctx, int begin, int end, int thread) {
@@ -493,14 +494,14 @@ static void attend(void *ctx, int begin, int end, int thread) {
     const Model *m = s->m;
     int d = m->head_dim, group = m->heads / m->kv_heads;
     int width = (m->heads + 2 * m->kv_heads) * d;
-    float *scores = s->scores + (size_t)thread * group * m->context;
+    float *scores = s->scores + (size_t)thread * group * s->stride;
     for (int item = begin; item < end; item++) {
         int r = item / m->kv_heads, g = item % m->kv_heads, n = s->pos[r] + 1;
         const float *q = s->qkv + (size_t)r * width + (size_t)g * group * d;
         const float *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
         float total[group];
         for (int h = 0; h < group; h++) {
-            float *sc_h = scores + (size_t)h * m->context;
+            float *sc_h = scores + (size_t)h * s->stride;
             v8f top8 = (v8f){0} - INFINITY;
             for (int j = 0; j < n; j += 8) {
                 int count = n - j < 8 ? n - j : 8;
@@ -525,7 +526,7 @@ static void attend(void *ctx, int begin, int end, int thread) {
         for (int j = 0; j < n; j++) {
             const float *v = values + (size_t)j * d;
             for (int h = 0; h < group; h++) {
-                float p = scores[(size_t)h * m->context + j];
+                float p = scores[(size_t)h * s->stride + j];
                 for (int i = 0; i < d / 8; i++) out[h][i] += p * *(const v8f *)(v + 8 * i);
             }
         }
@@ -560,7 +561,8 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
 /* Runs the rows through every layer, then the final norm and the head for the rows listed
  * in `out` (logits [n_out, vocab]). Row r goes at position pos[r] of the cache at cache[r]
  * (room for alloc[r] positions), which must already hold its positions before pos[r]:
- * the rows of one sequence come in order. Returns 0, or -1 when memory ran out. */
+ * the rows of one sequence come in order. Returns 0, -1 when memory ran out, -2 for a
+ * position past the rotary table. */
 int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, float *const *cache,
                const int32_t *alloc, int n_out, const int32_t *out, float *logits,
                int threads) {
@@ -569,22 +571,21 @@ int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, floa
     if (pool_grow(threads)) threads = pool.started + 1;
     int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
     int k_max = m->inter > m->hidden ? m->inter : m->hidden;
-    int context = 0;
-    for (int r = 0; r < rows; r++) context = pos[r] + 1 > context ? pos[r] + 1 : context;
+    int longest = 0;
+    for (int r = 0; r < rows; r++) {
+        if (pos[r] < 0 || pos[r] >= m->context) return -2; /* past the rotary table */
+        longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
+    }
     Step s = {.m = m, .rows = rows, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc};
-    s.threads = threads;
+    s.stride = (longest + 7) / 8 * 8;
     s.xq = aligned_alloc(32, ((size_t)rows * k_max + 31) / 32 * 32);
     s.xs = malloc(sizeof(float) * (size_t)(rows > n_out ? rows : n_out));
     s.qkv = aligned_alloc(32, sizeof(float) * (size_t)rows * width);
     s.attn = aligned_alloc(32, sizeof(float) * (size_t)rows * m->heads * d);
     s.gu = aligned_alloc(32, sizeof(float) * (size_t)rows * 2 * m->inter);
     s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * (m->heads / m->kv_heads) *
-                                     ((context + 7) / 8 * 8));
-    /* scores are written 8 at a time: each thread's row of them is a whole number of 8 */
+                                     s.stride);
     int failed = !s.xq || !s.xs || !s.qkv || !s.attn || !s.gu || !s.scores;
-    Model view = *m;
-    view.context = (context + 7) / 8 * 8; /* the scores' stride per thread */
-    s.m = &view;
     for (int i = 0; i < m->layers && !failed; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
