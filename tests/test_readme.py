@@ -1,8 +1,8 @@
-"""The README shows what the server says: every curl example of "Using it" and "OpenAI
-clients" is sent to a real server started as `make run` starts it, and its status, the keys
-of its answer and every value the README shows are checked (ids, times and the CPU's own
-figures only by their keys). The JSON example of "JSON answers" runs through the openai
-client and must give the object its comment shows.
+"""The README shows what the server says: every curl example of "Using it", "OpenAI
+clients" and "Tool calls" is sent to a real server started as `make run` starts it, and its
+status, the keys of its answer and every value the README shows are checked (ids, times and
+the CPU's own figures only by their keys). The JSON example of "JSON answers" runs through
+the openai client and must give the object its comment shows.
 
 The server is `python server.py` with no model flag, offline: ModelScope is unreachable
 (DESKCHAT_MODELSCOPE_ENDPOINT points at a closed loopback port), so it falls back to the
@@ -208,6 +208,7 @@ ERROR_STATUS = {"unauthorized": 401, "invalid_request": 400}
 
 USING_IT = examples("Using it")
 OPENAI = examples("OpenAI clients")
+TOOL_CALLS = examples("Tool calls")
 
 
 def offline_default_server(tmp_path_factory, *flags: str):
@@ -247,7 +248,7 @@ def keyed_server(tmp_path_factory):
 
 
 def test_the_readme_has_its_examples():
-    assert len(USING_IT) >= 4 and len(OPENAI) >= 4
+    assert len(USING_IT) >= 4 and len(OPENAI) >= 4 and len(TOOL_CALLS) >= 2
 
 
 def test_the_default_start_offline_serves_the_embedded_model(default_server):
@@ -262,6 +263,11 @@ def test_using_it(default_server, example):
 
 @pytest.mark.parametrize("example", OPENAI, ids=lambda e: f"{e.method} {e.path}")
 def test_openai_clients(keyed_server, example):
+    check_example(keyed_server.url, example)
+
+
+@pytest.mark.parametrize("example", TOOL_CALLS, ids=lambda e: f"{e.method} {e.path}")
+def test_tool_calls(keyed_server, example):
     check_example(keyed_server.url, example)
 
 

@@ -2,8 +2,9 @@
 
 `submit()` turns the request into a Job and hands it to the worker; `events()` relays the
 job's reply queue while watching the client (gone: cancel the job) and the deadline (passed:
-504); `collect()` and `sse()` deliver it as one answer or as a stream. A dialect supplies
-only the shapes: a StreamShape for events, a dict for the whole answer.
+504); with tools, `read_calls()` takes the calls out of the answer's text; `collect()` and
+`sse()` deliver it as one answer or as a stream. A dialect supplies only the shapes: a
+StreamShape for events, a dict for the whole answer.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import json
 import queue
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from flask import Response
 
+from inference.runtime import tools as tool_format
 from inference.runtime.budget import answer_budget
+from inference.runtime.grammar import Grammar
 from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling
+from inference.runtime.tools import CallArguments, CallEnd, CallPiece, CallReader, CallStart
 from inference.runtime.worker import Worker
 from service.config import Config
 from service.errors import (
@@ -50,14 +55,9 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     if not runtime.ready:
         raise Loading()
     runtime.worker.check_room()
-    grammar = None
-    if chat_request.json is not None:
-        if runtime.grammars is None:
-            raise InvalidRequest(
-                "this server cannot constrain answers", param=chat_request.json.param
-            )
-        grammar = runtime.grammars.compile(chat_request.json.schema, chat_request.json.param)
-    prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system)
+    grammar = _grammar(chat_request, runtime)
+    functions = chat_request.tools.functions if chat_request.tools else None
+    prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
     runtime.prompts.check_fits(len(prompt_ids))
     admit(len(prompt_ids), config, runtime.worker)
     sampling = Sampling(
@@ -75,6 +75,25 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
+
+
+def _grammar(chat_request: ChatRequest, runtime: Runtime) -> Grammar | None:
+    """The answer's constraint: the JSON schema asked for, or with tools the call format
+    (inference/runtime/tools.py). Each function's schema is compiled alone first, so that a
+    bad one is refused naming its own field."""
+    use, json_schema = chat_request.tools, chat_request.json
+    if use is None and json_schema is None:
+        return None
+    if runtime.grammars is None:
+        raise InvalidRequest(
+            "this server cannot constrain answers", param="tools" if use else json_schema.param
+        )
+    if use is None:
+        return runtime.grammars.compile(json_schema.schema, json_schema.param)
+    for function in use.functions:
+        runtime.grammars.compile(tool_format.argument_schema(function.parameters), function.param)
+    lark = tool_format.grammar(use, runtime.prompts.tags_are_tokens)
+    return runtime.grammars.compile_lark(lark, "tools")
 
 
 def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
@@ -131,26 +150,62 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
             return
 
 
-def collect(relayed: Iterator[Event], log: RequestLog) -> tuple[str, Done]:
-    """The whole answer and its Done; raises the job's error, or Cancelled if the client left."""
-    parts = []
+def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
+    """The events with the answer's text read for tool calls: Deltas of the text outside
+    them, the call pieces, and a Done whose finish_reason is "tool_calls" when the answer
+    stopped after calling."""
+    reader = CallReader()
+    for event in relayed:
+        if isinstance(event, Failed):
+            yield event
+            continue
+        yield from reader.feed(event.text) if isinstance(event, Delta) else reader.finish()
+        if isinstance(event, Done):
+            if reader.calls and event.finish_reason == "stop":
+                event = replace(event, finish_reason="tool_calls")
+            yield event
+
+
+@dataclass
+class Call:
+    """One call of a whole answer; `complete` unless max_tokens or a stop string cut it."""
+
+    id: str
+    name: str
+    arguments: str = ""
+    complete: bool = False
+
+
+def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> tuple[str, list[Call], Done]:
+    """The whole answer's text, its calls and its Done; raises the job's error, or Cancelled
+    if the client left."""
+    parts: list[str] = []
+    calls: list[Call] = []
     for event in relayed:
         if isinstance(event, Delta):
             parts.append(event.text)
+        elif isinstance(event, CallStart):
+            calls.append(Call(event.id, event.name))
+        elif isinstance(event, CallArguments):
+            calls[event.index].arguments += event.text
+        elif isinstance(event, CallEnd):
+            calls[event.index].complete = True
         elif isinstance(event, Failed):
             raise event.error
         else:
             log.finish(200, event)
-            return "".join(parts), event
+            return "".join(parts), calls, event
     raise Cancelled("the client went away")
 
 
 class StreamShape(Protocol):
     """How one dialect writes a stream; each method returns whole SSE frames."""
 
-    def begin(self) -> list[str]: ...
+    def begin(self, first: Event | CallPiece) -> list[str]: ...
 
     def delta(self, text: str) -> list[str]: ...
+
+    def call(self, piece: CallPiece) -> list[str]: ...
 
     def done(self, done: Done) -> list[str]: ...
 
@@ -163,7 +218,9 @@ def sse_frame(data: dict | str, event: str | None = None) -> str:
     return f"{head}data: {payload}\n\n"
 
 
-def sse(job: Job, relayed: Iterator[Event], shape: StreamShape, log: RequestLog) -> Response:
+def sse(
+    job: Job, relayed: Iterator[Event | CallPiece], shape: StreamShape, log: RequestLog
+) -> Response:
     """A text/event-stream response. An error before the first event is a plain HTTP error
     with its status (raised here); after that it is the dialect's error event, then the end."""
     first = next(relayed, None)
@@ -175,10 +232,12 @@ def sse(job: Job, relayed: Iterator[Event], shape: StreamShape, log: RequestLog)
     def body() -> Iterator[str]:
         status, done, failure = 499, None, None
         try:
-            yield from shape.begin()
+            yield from shape.begin(first)
             for event in itertools.chain([first], relayed):
                 if isinstance(event, Delta):
                     yield from shape.delta(event.text)
+                elif isinstance(event, CallPiece):
+                    yield from shape.call(event)
                 elif isinstance(event, Done):
                     status, done = 200, event
                     yield from shape.done(event)

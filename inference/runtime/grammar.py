@@ -1,4 +1,5 @@
-"""Constrained decoding: JSON schemas compiled into token masks (llguidance).
+"""Constrained decoding: JSON schemas, and the lark grammars of tool calls
+(inference/runtime/tools.py), compiled into token masks (llguidance).
 
 `SchemaCompiler` runs on the request side: it turns a schema into a `Grammar` (cached by
 schema) or raises InvalidRequest saying what is wrong, before any job is queued. The engine
@@ -18,6 +19,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,9 +147,29 @@ class SchemaCompiler:
         """The grammar for `schema`; InvalidRequest (naming `param`) if it cannot be used:
         over the size or depth limit, refused by llguidance, or dead at its first tokens.
         Refusals are cached too: a hostile schema sent again costs no second compile."""
+        import llguidance
+
         text = json.dumps(schema, ensure_ascii=False)  # property order matters: it is kept
         check_size(schema, text, param)
-        key = f"{param}:{text}"  # a Grammar names its field in its errors
+        return self._compiled(
+            f"{param}:{text}",  # a Grammar names its field in its errors
+            param,
+            lambda: llguidance.LLMatcher.grammar_from_json_schema(
+                text, defaults={"whitespace_flexible": False}
+            ),
+        )
+
+    def compile_lark(self, lark: str, param: str) -> Grammar:
+        """The grammar for a lark text built by the server (tool calls, with each function's
+        schema inlined by %json; each schema was compiled alone first, which named the one at
+        fault), cached and checked as compile() does."""
+        import llguidance
+
+        return self._compiled(
+            f"{param}:lark:{lark}", param, lambda: llguidance.LLMatcher.grammar_from_lark(lark)
+        )
+
+    def _compiled(self, key: str, param: str, spec: Callable[[], str]) -> Grammar:
         with self._lock:  # held only to look up and to store: compiles run side by side
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -156,7 +178,7 @@ class SchemaCompiler:
                 outcome, tokenizer = None, self._tokenizer()
         if outcome is None:
             try:
-                outcome = self._build(text, param, tokenizer)
+                outcome = self._build(spec, param, tokenizer)
             except InvalidRequest as refused:
                 outcome = refused
             with self._lock:
@@ -167,14 +189,12 @@ class SchemaCompiler:
             raise InvalidRequest(outcome.message, param=param)
         return outcome
 
-    def _build(self, text: str, param: str, tokenizer) -> Grammar:
+    def _build(self, spec: Callable[[], str], param: str, tokenizer) -> Grammar:
         import llguidance
 
         limits = llguidance.LLParserLimits(verbose_errors=False)  # no schema in its errors
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                text, defaults={"whitespace_flexible": False}
-            )
+            grammar = spec()
         except ValueError as exc:
             raise _refusal(param, str(exc)) from None
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

@@ -14,10 +14,13 @@ ask for).
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
 
+from inference.runtime import tools as tool_format
+from inference.runtime.tools import Function
 from service.errors import PayloadTooLarge
 
 
@@ -50,8 +53,14 @@ class PromptBuilder:
         self._controls = dict(added)
         names = sorted(added, key=len, reverse=True)
         self._control_pattern = "|".join(map(re.escape, names))
+        self._native: bool | None = None  # the template renders tools itself (found once)
 
-    def encode(self, messages: list[dict], system: str | None = None) -> list[int]:
+    def encode(
+        self,
+        messages: list[dict],
+        system: str | None = None,
+        tools: tuple[Function, ...] | None = None,
+    ) -> list[int]:
         """Token ids of the chat prompt, ready for the assistant's turn.
 
         `system` replaces the template's default system prompt and any system message given.
@@ -59,18 +68,85 @@ class PromptBuilder:
         own control tokens become their ids, and the text between them, contents included,
         is tokenized with special tokens off. Tokenizers split at control tokens before
         anything else, so text without markers gives the ids it always gave.
+
+        `tools` and tool turns (inference/runtime/tools.py) go through the template when it
+        renders tools in the Hermes format (Qwen's), else as plain text in that format. Any
+        string in a tool's definition or a call's arguments that holds a control token's
+        name is a placeholder too, standing for its JSON-escaped text.
         """
         if system is not None:
             messages = [{"role": "system", "content": system}] + [
                 m for m in messages if m["role"] != "system"
             ]
-        marks = {f"\x1e{secrets.token_hex(8)}\x1e": m["content"] for m in messages}
-        shown = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
         with self._lock:
+            native = self._native_tools()
+            if not native:
+                messages, tools = tool_format.plain_messages(messages, tools), None
+            marks: dict[str, str] = {}
+            shown = [self._marked(m, marks) for m in tool_format.template_messages(messages)]
+            extra = {"tools": self._json_marked([f.spec() for f in tools], marks)} if tools else {}
             rendered = self._tokenizer.apply_chat_template(
-                shown, add_generation_prompt=True, tokenize=False
+                shown, add_generation_prompt=True, tokenize=False, **extra
             )
             return self._ids(rendered, marks)
+
+    @property
+    def tags_are_tokens(self) -> bool:
+        """Whether `<tool_call>` and `</tool_call>` are tokens of their own (Qwen's)."""
+        return tool_format.OPEN in self._controls and tool_format.CLOSE in self._controls
+
+    def _native_tools(self) -> bool:  # with the lock held
+        """Whether the template renders tools, in the Hermes format, itself: tried once on
+        a probe tool."""
+        if self._native is None:
+            probe = tool_format.Function(f"probe_{secrets.token_hex(4)}", None, {})
+            try:
+                rendered = self._tokenizer.apply_chat_template(
+                    [{"role": "user", "content": "hi"}],
+                    tools=[probe.spec()],
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+            except Exception:  # a template that refuses tools: ours then
+                rendered = ""
+            self._native = probe.name in rendered and tool_format.OPEN in rendered
+        return self._native
+
+    def _marked(self, message: dict, marks: dict[str, str]) -> dict:
+        """The message with its content (when not empty) and its calls' arguments behind
+        placeholders."""
+        shown = dict(message)
+        if message["content"]:
+            mark = f"\x1e{secrets.token_hex(8)}\x1e"
+            marks[mark] = message["content"]
+            shown["content"] = mark
+        if message.get("tool_calls"):
+            shown["tool_calls"] = [
+                {**c, "function": self._json_marked(c["function"], marks)}
+                for c in message["tool_calls"]
+            ]
+        return shown
+
+    def _json_marked(self, value, marks: dict[str, str]):
+        """`value` (JSON data) with each string that holds a control token's name, key or
+        value, replaced by a placeholder for its JSON-escaped text: the template's tojson
+        writes the placeholder, and it is read back as text. Other strings stay as they are
+        (JSON escaping cannot make a control name appear where there was none)."""
+        if isinstance(value, dict):
+            return {
+                self._json_marked(k, marks): self._json_marked(v, marks) for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [self._json_marked(v, marks) for v in value]
+        if (
+            isinstance(value, str)
+            and self._control_pattern
+            and re.search(self._control_pattern, value)
+        ):
+            mark = f"\ue000{secrets.token_hex(8)}\ue001"  # tojson leaves these as they are
+            marks[mark] = json.dumps(value, ensure_ascii=False)[1:-1]
+            return mark
+        return value
 
     def _ids(self, rendered: str, marks: dict[str, str]) -> list[int]:  # with the lock held
         splitter = "|".join(filter(None, [self._control_pattern, *map(re.escape, marks)]))

@@ -95,8 +95,23 @@ class FakePrompts(PromptBuilder):
     def __init__(self, context_tokens: int = 4096):
         super().__init__(tokenizer=None, context_tokens=context_tokens)
 
-    def encode(self, messages, system=None):
+    def encode(self, messages, system=None, tools=None):
         return [ord(c) for c in messages[-1]["content"]]
+
+
+class FakeGrammars:
+    """Stands in for the SchemaCompiler where a scripted engine ignores the grammar: records
+    what it was asked to compile."""
+
+    def __init__(self):
+        self.schemas: list[tuple[dict, str]] = []
+        self.larks: list[str] = []
+
+    def compile(self, schema: dict, param: str):
+        self.schemas.append((schema, param))
+
+    def compile_lark(self, lark: str, param: str):
+        self.larks.append(lark)
 
 
 def ids(text: str) -> list[int]:

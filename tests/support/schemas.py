@@ -57,3 +57,26 @@ YES_NO = {
     "required": ["answer"],
     "additionalProperties": False,
 }
+
+# The functions of the tool-calling tests (issue 27), in /chat's flat shape; OpenAI's wraps
+# each as {"type": "function", "function": ...}, and inference's Function(**WEATHER) reads it.
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": NAME},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+TIME = {
+    "name": "get_time",
+    "description": "Get the current time in a time zone",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+}

@@ -1,26 +1,33 @@
 """The /chat dialect: deskchat's own body and answer shapes, over the shared relay.
 
 Body: `message` or `messages`, and optionally `system`, `max_tokens`, `temperature`, `top_p`,
-`stream`, `stop`, `seed`, `format` ("json" or a JSON schema, as in Ollama).
+`stream`, `stop`, `seed`, `format` ("json" or a JSON schema, as in Ollama), `tools` (flat
+{"name", "description", "parameters"} entries), `tool_choice` ("none", "auto", "required" or
+a tool's name), `parallel_tool_calls`. Calls come back whole, arguments as JSON objects.
 Errors: {"error": {"message", "type", "code": <status>}}.
 """
 
 from __future__ import annotations
 
+import json
+
 from flask import Blueprint, g, jsonify, request
 
 from inference.runtime.jobs import Done
+from inference.runtime.tools import CallArguments, CallPiece, CallStart, Function, ToolUse
 from service.config import Config
 from service.errors import InvalidRequest, ServiceError
 from web import relay
-from web.dialects import validation
-from web.dialects.validation import ROLES, ChatRequest
+from web.dialects import tools, validation
+from web.dialects.validation import ChatRequest
 from web.errors import status_of
-from web.relay import sse_frame
+from web.relay import Call, sse_frame
 from web.runtime import Runtime
 
 FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p", "stream"}
-FIELDS |= {"stop", "seed", "format"}
+FIELDS |= {"stop", "seed", "format", "tools", "tool_choice", "parallel_tool_calls"}
+MESSAGE_KEYS = {"user": set(), "system": set(), "assistant": {"tool_calls"}}
+MESSAGE_KEYS["tool"] = {"tool_call_id"}
 
 
 def error_body(error: ServiceError, status: int) -> dict:
@@ -35,19 +42,87 @@ def _messages(body: dict) -> list[dict]:
         return [
             {"role": "user", "content": validation.text(body["message"], "'message'", "message")}
         ]
-    out = []
-    for i, m in enumerate(validation.message_list(body["messages"])):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise InvalidRequest(
-                f"messages[{i}] must be an object with 'role' and 'content'", param="messages"
-            )
-        if m["role"] not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role {m['role']!r} is not one of {ROLES}", param="messages"
-            )
-        content = validation.text(m["content"], f"messages[{i}].content", "messages")
-        out.append({"role": m["role"], "content": content})
+    out = [
+        _message(m, f"messages[{i}]")
+        for i, m in enumerate(validation.message_list(body["messages"]))
+    ]
+    tools.check_history(out)
     return validation.check_turns(out)
+
+
+def _message(m, where: str) -> dict:
+    """{"role", "content"}; an assistant's may add `tool_calls` ({"id", "name", "arguments":
+    {...}} each; `content` may then be empty or left out), a tool's result `tool_call_id`."""
+    keys = (
+        MESSAGE_KEYS.get(m.get("role"))
+        if isinstance(m, dict) and isinstance(m.get("role"), str)
+        else None
+    )
+    if keys is None and isinstance(m, dict) and "role" in m:
+        raise InvalidRequest(
+            f"{where}.role {m['role']!r} is not one of {tuple(MESSAGE_KEYS)}", param="messages"
+        )
+    calls = m.get("tool_calls") if keys else None
+    if keys is None or set(m) - {"role", "content"} - keys or ("content" not in m and not calls):
+        raise InvalidRequest(
+            f"{where} must be an object with 'role' and 'content'", param="messages"
+        )
+    role, content = m["role"], m.get("content")
+    if calls is not None:
+        text = (
+            ""
+            if content in (None, "")
+            else validation.text(content, f"{where}.content", "messages")
+        )
+        return {"role": role, "content": text, "tool_calls": _calls(calls, where)}
+    if role == "tool":
+        call_id = tools.call_id(m.get("tool_call_id"), f"{where}.tool_call_id")
+        return {
+            "role": role,
+            "content": tools.result(content, f"{where}.content"),
+            "tool_call_id": call_id,
+        }
+    return {"role": role, "content": validation.text(content, f"{where}.content", "messages")}
+
+
+def _calls(raw, where: str) -> list[dict]:
+    if not isinstance(raw, list) or not raw or len(raw) > tools.MAX_TOOLS:
+        raise InvalidRequest(
+            f"{where}.tool_calls must be a list of 1-{tools.MAX_TOOLS} calls", param="messages"
+        )
+    out = []
+    for j, call in enumerate(raw):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict) or set(call) != {"id", "name", "arguments"}:
+            raise InvalidRequest(f'{at} must be {{"id", "name", "arguments"}}', param="messages")
+        out.append(
+            {
+                "id": tools.call_id(call["id"], f"{at}.id"),
+                "name": tools.name(call["name"], f"{at}.name", "messages"),
+                "arguments": tools.arguments(call["arguments"], f"{at}.arguments"),
+            }
+        )
+    return out
+
+
+def _tool(entry, i: int) -> Function:
+    where = f"tools[{i}]"
+    if not isinstance(entry, dict) or set(entry) - {"name", "description", "parameters"}:
+        raise InvalidRequest(
+            f'{where} must be {{"name", "description", "parameters"}}', param=where
+        )
+    return tools.function(entry, where)
+
+
+def _tool_use(body: dict) -> ToolUse | None:
+    raw, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and not isinstance(choice, str):
+        raise InvalidRequest(
+            '\'tool_choice\' must be "none", "auto", "required" or a tool\'s name',
+            param="tool_choice",
+        )
+    functions = () if raw is None else tools.function_list(raw, _tool)
+    return tools.tool_use(functions, choice, body.get("parallel_tool_calls"), "tool_choice")
 
 
 def _format(value) -> validation.JsonSchema | None:
@@ -63,6 +138,12 @@ def parse_chat_request(body) -> ChatRequest:
     """The whole /chat body, checked; raises InvalidRequest naming the first problem."""
     body = validation.known_fields(body, FIELDS)
     system = body.get("system")
+    tool_use, schema = _tool_use(body), _format(body.get("format"))
+    if schema is not None and tool_use is not None:
+        raise InvalidRequest(
+            "'format' cannot be combined with 'tools' (unless 'tool_choice' is \"none\")",
+            param="format",
+        )
     return ChatRequest(
         messages=_messages(body),
         system=None if system is None else validation.text(system, "'system'", "system"),
@@ -72,7 +153,8 @@ def parse_chat_request(body) -> ChatRequest:
         stream=validation.flag(body, "stream"),
         stop=validation.stop(body),
         seed=validation.seed(body.get("seed")),
-        json=_format(body.get("format")),
+        json=schema,
+        tools=tool_use,
     )
 
 
@@ -87,18 +169,35 @@ def _done_fields(done: Done) -> dict:
     }
 
 
+def _tool_call(call: Call) -> dict:
+    return {"id": call.id, "name": call.name, "arguments": json.loads(call.arguments)}
+
+
 class ChatStream:
-    """`data: {"id", "delta"}` per piece, then `{"done": true, ...}` or `event: error`."""
+    """`data: {"id", "delta"}` per piece of text, `{"id", "tool_call": {"index", "id",
+    "name", "arguments"}}` per call once it is whole, then `{"done": true, ...}` or
+    `event: error`."""
 
     def __init__(self, request_id: str, model: str):
         self.request_id = request_id
         self.model = model
+        self._call: Call | None = None  # the call being read
 
-    def begin(self) -> list[str]:
+    def begin(self, first) -> list[str]:
         return []
 
     def delta(self, text: str) -> list[str]:
         return [sse_frame({"id": self.request_id, "delta": text})]
+
+    def call(self, piece: CallPiece) -> list[str]:
+        if isinstance(piece, CallStart):
+            self._call = Call(piece.id, piece.name)
+        elif isinstance(piece, CallArguments):
+            self._call.arguments += piece.text
+        else:
+            whole = {"index": piece.index, **_tool_call(self._call)}
+            return [sse_frame({"id": self.request_id, "tool_call": whole})]
+        return []
 
     def done(self, done: Done) -> list[str]:
         body = {"id": self.request_id, "model": self.model, "done": True, **_done_fields(done)}
@@ -116,11 +215,13 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         chat_request = parse_chat_request(validation.parse_json(request.get_data(cache=False)))
         job = relay.submit(chat_request, config, runtime, g.request_id)
         relayed = relay.events(job, g.disconnected)
+        if chat_request.tools is not None:
+            relayed = relay.read_calls(relayed)
         if chat_request.stream:
             return relay.sse(job, relayed, ChatStream(job.id, runtime.model_name), g.log)
-        text, done = relay.collect(relayed, g.log)
-        return jsonify(
-            {"id": job.id, "model": runtime.model_name, "response": text, **_done_fields(done)}
-        )
+        text, calls, done = relay.collect(relayed, g.log)
+        whole = [_tool_call(c) for c in calls if c.complete]  # one cut short is left out
+        answer = {"id": job.id, "model": runtime.model_name, "response": text}
+        return jsonify({**answer, **({"tool_calls": whole} if whole else {}), **_done_fields(done)})
 
     return bp

@@ -10,14 +10,15 @@ import time
 
 from flask import Blueprint, g, jsonify, request
 
-from inference.runtime.jobs import Done
+from inference.runtime.jobs import Done, Event
+from inference.runtime.tools import CallArguments, CallPiece, CallStart
 from service.config import Config
 from service.errors import Loading, ServiceError
 from web import relay
 from web.dialects import validation
 from web.dialects.openai_request import parse_completion_request
 from web.errors import NotFound, status_of
-from web.relay import sse_frame
+from web.relay import Call, sse_frame
 from web.runtime import Runtime
 
 
@@ -42,9 +43,18 @@ def _usage(done: Done) -> dict:
     }
 
 
+def _tool_calls(calls: list[Call]) -> list[dict]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
+
+
 class CompletionStream:
-    """chat.completion.chunk events: the role, content deltas, the finish reason, with
-    include_usage a usage chunk, then `data: [DONE]`; an error is one `data: {"error"}`."""
+    """chat.completion.chunk events: the role, content deltas or tool_calls deltas (a call's
+    first with its id, type, name and empty arguments, then pieces of its arguments, by
+    `index`, as OpenAI sends them), the finish reason, with include_usage a usage chunk, then
+    `data: [DONE]`; an error is one `data: {"error"}`."""
 
     def __init__(self, request_id: str, model: str, created: int, include_usage: bool):
         self.head = {
@@ -60,11 +70,22 @@ class CompletionStream:
         usage = {"usage": None} if self.include_usage else {}
         return sse_frame({**self.head, "choices": [choice], **usage, **extra})
 
-    def begin(self) -> list[str]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+    def begin(self, first: Event | CallPiece) -> list[str]:
+        content = None if isinstance(first, CallStart) else ""  # null before calls, as OpenAI
+        return [self._chunk({"role": "assistant", "content": content})]
 
     def delta(self, text: str) -> list[str]:
         return [self._chunk({"content": text})]
+
+    def call(self, piece: CallPiece) -> list[str]:
+        if isinstance(piece, CallStart):
+            function = {"name": piece.name, "arguments": ""}
+            entry = {"index": piece.index, "id": piece.id, "type": "function", "function": function}
+        elif isinstance(piece, CallArguments):
+            entry = {"index": piece.index, "function": {"arguments": piece.text}}
+        else:
+            return []  # a call's end has no chunk of its own
+        return [self._chunk({"tool_calls": [entry]})]
 
     def done(self, done: Done) -> list[str]:
         frames = [self._chunk({}, done.finish_reason, timings=done.timings())]
@@ -95,12 +116,16 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         created = int(time.time())
         job = relay.submit(chat_request, config, runtime, g.request_id)
         relayed = relay.events(job, g.disconnected)
+        if chat_request.tools is not None:
+            relayed = relay.read_calls(relayed)
         model = runtime.model_name
         if chat_request.stream:
             shape = CompletionStream(job.id, model, created, include_usage)
             return relay.sse(job, relayed, shape, g.log)
-        text, done = relay.collect(relayed, g.log)
-        message = {"role": "assistant", "content": text}
+        text, calls, done = relay.collect(relayed, g.log)
+        message = {"role": "assistant", "content": text if text or not calls else None}
+        if calls:
+            message["tool_calls"] = _tool_calls(calls)
         choice = {
             "index": 0,
             "message": message,

@@ -9,12 +9,19 @@ OpenAI's 1: answers from a small model are better, and repeatable, unless a tool
 
 from __future__ import annotations
 
+from inference.runtime.tools import Function, ToolUse
 from service.errors import InvalidRequest
-from web.dialects import validation
+from web.dialects import tools, validation
 from web.dialects.validation import ChatRequest
 
 MAX_MODEL_CHARS = 256
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 # Fields we take no action on, and the values under which that is exactly what OpenAI does.
 NO_OPS: dict[str, tuple] = {
@@ -24,10 +31,7 @@ NO_OPS: dict[str, tuple] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "parallel_tool_calls": (None, True, False),  # no tools: nothing to call in parallel
-    "functions": (None, []),
+    "functions": (None, []),  # the deprecated form of `tools`
     "function_call": (None, "none", "auto"),
     "modalities": (None, ["text"]),
     "store": (None, False),
@@ -36,11 +40,22 @@ NO_OPS: dict[str, tuple] = {
     "user": None,  # any string: an end-user id for abuse tracking; we keep no such record
 }
 # Keys a message may carry only with these values.
-MESSAGE_NO_OPS: dict[str, tuple] = {"name": (None,), "tool_calls": (None, []), "refusal": (None,)}
+MESSAGE_NO_OPS: dict[str, tuple] = {
+    **{"name": (None,), "tool_calls": (None, []), "refusal": (None,)},
+    **{"function_call": (None,), "audio": (None,), "annotations": (None, [])},
+}
+# What the official client's stream and parse helpers add to the messages they return (their
+# own parse of the content and of each call's arguments, a streamed call's index): an agent
+# loop sends such a message back as it is. Client-side data; read past.
+CLIENT_ECHOES = {"parsed"}
+CALL_ECHOES = {"index"}
+FUNCTION_ECHOES = {"parsed_arguments"}
 IMPLEMENTED = {
     *("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p"),
     *("stop", "stream", "stream_options", "seed", "response_format"),
+    *("tools", "tool_choice", "parallel_tool_calls"),
 }
+CHOICE_SHAPES = 'none, auto, required or {"type": "function", "function": {"name": ...}}'
 
 
 def _same(a, b) -> bool:
@@ -90,24 +105,116 @@ def _content(value, where: str) -> str:
 
 
 def _messages(raw) -> list[dict]:
+    out = [_message(m, f"messages[{i}]") for i, m in enumerate(validation.message_list(raw))]
+    tools.check_history(out)
+    return validation.check_turns(out)
+
+
+def _message(m, where: str) -> dict:
+    """One message in the neutral form (inference/runtime/tools.py): an assistant's may
+    carry `tool_calls` (then `content` may be null), a tool's result its `tool_call_id`."""
+    calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+    if not isinstance(m, dict) or "role" not in m or ("content" not in m and not calls):
+        raise InvalidRequest(
+            f"{where} must be an object with 'role' and 'content'", param="messages"
+        )
+    role = ROLES.get(m["role"]) if isinstance(m["role"], str) else None
+    if role is None:
+        raise InvalidRequest(
+            f"{where}.role {m['role']!r} is not one of {', '.join(ROLES)}", param="messages"
+        )
+    own = {"tool_calls"} if calls else {"tool_call_id"} if role == "tool" else set()
+    for key in set(m) - {"role", "content"} - own - CLIENT_ECHOES:
+        if key not in MESSAGE_NO_OPS:
+            raise InvalidRequest(f"{where} has an unknown key {key!r}", param="messages")
+        _check_no_op(f"{where}.{key}", m[key], MESSAGE_NO_OPS[key])
+    content = m.get("content")
+    if calls:
+        text = "" if content in (None, "") else _content(content, f"{where}.content")
+        return {"role": role, "content": text, "tool_calls": _calls(calls, where)}
+    if role == "tool":
+        text = "" if content == "" else _content(content, f"{where}.content")
+        call_id = tools.call_id(m.get("tool_call_id"), f"{where}.tool_call_id")
+        return {"role": role, "content": text, "tool_call_id": call_id}
+    return {"role": role, "content": _content(content, f"{where}.content")}
+
+
+def _calls(raw, where: str) -> list[dict]:
+    """An assistant's `tool_calls`: {"id", "type": "function", "function": {"name",
+    "arguments": a string holding a JSON object}} each."""
+    if not isinstance(raw, list) or len(raw) > tools.MAX_TOOLS:
+        raise InvalidRequest(
+            f"{where}.tool_calls must be a list of at most {tools.MAX_TOOLS} calls",
+            param="messages",
+        )
     out = []
-    for i, m in enumerate(validation.message_list(raw)):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+    for j, call in enumerate(raw):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or set(call) - {"id", "type", "function"} - CALL_ECHOES
+            or call.get("type", "function") != "function"
+            or set(function) - {"name", "arguments"} - FUNCTION_ECHOES
+        ):
             raise InvalidRequest(
-                f"messages[{i}] must be an object with 'role' and 'content'", param="messages"
-            )
-        role = ROLES.get(m["role"]) if isinstance(m["role"], str) else None
-        if role is None:
-            raise InvalidRequest(
-                f"messages[{i}].role {m['role']!r} is not one of {', '.join(ROLES)}",
+                f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
                 param="messages",
             )
-        for key in set(m) - {"role", "content"}:
-            if key not in MESSAGE_NO_OPS:
-                raise InvalidRequest(f"messages[{i}] has an unknown key {key!r}", param="messages")
-            _check_no_op(f"messages[{i}].{key}", m[key], MESSAGE_NO_OPS[key])
-        out.append({"role": role, "content": _content(m["content"], f"messages[{i}].content")})
-    return validation.check_turns(out)
+        out.append(
+            {
+                "id": tools.call_id(call.get("id"), f"{at}.id"),
+                "name": tools.name(function.get("name"), f"{at}.function.name", "messages"),
+                "arguments": tools.arguments(function.get("arguments"), f"{at}.function.arguments"),
+            }
+        )
+    return out
+
+
+def _tool(entry, i: int) -> Function:
+    """One of `tools`: {"type": "function", "function": {"name", "description",
+    "parameters", "strict"}} (`strict` may be anything: the schema is always enforced)."""
+    where = f"tools[{i}]"
+    function = entry.get("function") if isinstance(entry, dict) else None
+    if (
+        not isinstance(function, dict)
+        or set(entry) != {"type", "function"}
+        or entry["type"] != "function"
+    ):
+        raise InvalidRequest(
+            f'{where} must be {{"type": "function", "function": {{"name", ...}}}}', param=where
+        )
+    unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+    if unknown:
+        raise InvalidRequest(f"{where}.function has an unknown key {unknown[0]!r}", param=where)
+    return tools.function(function, f"{where}.function")
+
+
+def _tool_choice(value) -> str | None:
+    """None, "none", "auto", "required", or the name out of {"type": "function",
+    "function": {"name": ...}}."""
+    if value is None or value in tools.CHOICES:
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    if (
+        isinstance(function, dict)
+        and set(value) == {"type", "function"}
+        and value["type"] == "function"
+        and set(function) == {"name"}
+    ):
+        return tools.name(function["name"], "'tool_choice.function.name'", "tool_choice")
+    raise InvalidRequest(f"'tool_choice' must be {CHOICE_SHAPES}", param="tool_choice")
+
+
+def _tool_use(body: dict) -> ToolUse | None:
+    raw = body.get("tools")
+    functions = () if raw is None else tools.function_list(raw, _tool)
+    return tools.tool_use(
+        functions,
+        _tool_choice(body.get("tool_choice")),
+        body.get("parallel_tool_calls"),
+        "tool_choice",
+    )
 
 
 def _max_tokens(body: dict) -> int | None:
@@ -185,6 +292,14 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
         raise InvalidRequest("'messages' is required", param="messages")
     stream = validation.flag(body, "stream")
     include_usage = _stream_options(body, stream)
+    tool_use = _tool_use(body)
+    schema = _response_format(body.get("response_format"))
+    if schema is not None and tool_use is not None:
+        raise InvalidRequest(
+            "'response_format' cannot be combined with 'tools' here (unless 'tool_choice' "
+            'is "none")',
+            param="response_format",
+        )
     chat_request = ChatRequest(
         messages=_messages(body["messages"]),
         max_tokens=_max_tokens(body),
@@ -193,6 +308,7 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
         stream=stream,
         stop=validation.stop(body),
         seed=validation.seed(body.get("seed")),
-        json=_response_format(body.get("response_format")),
+        json=schema,
+        tools=tool_use,
     )
     return chat_request, include_usage

@@ -11,9 +11,9 @@ import json
 import math
 from dataclasses import dataclass
 
+from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
 
-ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
@@ -51,6 +51,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     json: JsonSchema | None = None  # None: free text
+    tools: ToolUse | None = None  # None: no tools shown, no calls read
 
 
 def is_int(value) -> bool:
@@ -75,9 +76,12 @@ def text(value, what: str, param: str) -> str:
 
 
 def check_turns(messages: list[dict]) -> list[dict]:
-    """The conversation must end with the user's turn: that is what the model answers."""
-    if messages[-1]["role"] != "user":
-        raise InvalidRequest("the last message must be the user's", param="messages")
+    """The conversation must end with the user's turn, or with tool results: that is what
+    the model answers."""
+    if messages[-1]["role"] not in ("user", "tool"):
+        raise InvalidRequest(
+            "the last message must be the user's (or a tool's result)", param="messages"
+        )
     return messages
 
 

@@ -98,7 +98,8 @@ def test_no_op_values_of_unimplemented_fields_are_accepted(fake_server):
         ("top_logprobs", 3),
         ("response_format", {"type": "xml"}),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tools", {"type": "function"}),  # a list of them
+        ("tool_choice", "required"),  # without tools
         ("logit_bias", {"50256": -100}),
         ("user", 5),
         ("stream_options", {"include_usage": True}),  # without stream
