@@ -18,7 +18,7 @@ from typing import Protocol
 from flask import Response
 
 from inference.runtime.budget import answer_budget
-from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling
+from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling, TokenLogprob
 from inference.runtime.worker import Worker
 from service.config import Config
 from service.errors import (
@@ -67,11 +67,20 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
             runtime.prompts.context_tokens,
             cap=config.max_tokens_cap,
         ),
-        temperature=chat_request.temperature,
-        top_p=chat_request.top_p,
         stop=chat_request.stop,
         seed=chat_request.seed,
         grammar=grammar,
+        frequency_penalty=chat_request.frequency_penalty,
+        presence_penalty=chat_request.presence_penalty,
+        logprobs=chat_request.logprobs,
+        top_logprobs=chat_request.top_logprobs,
+        **runtime.defaults.fill(
+            temperature=chat_request.temperature,
+            top_p=chat_request.top_p,
+            top_k=chat_request.top_k,
+            min_p=chat_request.min_p,
+            repetition_penalty=chat_request.repetition_penalty,
+        ),
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
@@ -131,17 +140,19 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
             return
 
 
-def collect(relayed: Iterator[Event], log: RequestLog) -> tuple[str, Done]:
-    """The whole answer and its Done; raises the job's error, or Cancelled if the client left."""
-    parts = []
+def collect(relayed: Iterator[Event], log: RequestLog) -> tuple[str, Done, list[TokenLogprob]]:
+    """The whole answer, its Done and its logprob entries (none unless asked); raises the
+    job's error, or Cancelled if the client left."""
+    parts, logprobs = [], []
     for event in relayed:
         if isinstance(event, Delta):
             parts.append(event.text)
+            logprobs.extend(event.logprobs)
         elif isinstance(event, Failed):
             raise event.error
         else:
             log.finish(200, event)
-            return "".join(parts), event
+            return "".join(parts), event, logprobs
     raise Cancelled("the client went away")
 
 
@@ -150,7 +161,7 @@ class StreamShape(Protocol):
 
     def begin(self) -> list[str]: ...
 
-    def delta(self, text: str) -> list[str]: ...
+    def delta(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> list[str]: ...
 
     def done(self, done: Done) -> list[str]: ...
 
@@ -178,7 +189,7 @@ def sse(job: Job, relayed: Iterator[Event], shape: StreamShape, log: RequestLog)
             yield from shape.begin()
             for event in itertools.chain([first], relayed):
                 if isinstance(event, Delta):
-                    yield from shape.delta(event.text)
+                    yield from shape.delta(event.text, event.logprobs)
                 elif isinstance(event, Done):
                     status, done = 200, event
                     yield from shape.done(event)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from inference.host.threads import ThreadGovernor
 from inference.runtime.grammar import SchemaCompiler
+from inference.runtime.jobs import SamplingDefaults
 from inference.runtime.prompt import PromptBuilder
 from inference.runtime.worker import Worker
 from web.access.keys import KeyRing
@@ -23,6 +24,8 @@ class Runtime:
     created: int = field(default_factory=lambda: int(time.time()))  # for /v1/models
     cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
+    # What a request silent on temperature, top_p, top_k, min_p, repetition_penalty gets
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     @property
     def ready(self) -> bool:

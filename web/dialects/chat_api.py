@@ -1,8 +1,11 @@
 """The /chat dialect: deskchat's own body and answer shapes, over the shared relay.
 
-Body: `message` or `messages`, and optionally `system`, `max_tokens`, `temperature`, `top_p`,
-`stream`, `stop`, `seed`, `format` ("json" or a JSON schema, as in Ollama).
-Errors: {"error": {"message", "type", "code": <status>}}.
+Body: `message` or `messages`, and optionally `system`, `max_tokens`, `stream`, `stop`,
+`format` ("json" or a JSON schema, as in Ollama) and the sampling fields, named as on /v1
+(`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `frequency_penalty`,
+`presence_penalty`, `seed`, `logprobs`, `top_logprobs`: validation.SAMPLING_FIELDS).
+With `logprobs`, the answer and each stream event carry a `logprobs` list of OpenAI's
+entries. Errors: {"error": {"message", "type", "code": <status>}}.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from web.errors import status_of
 from web.relay import sse_frame
 from web.runtime import Runtime
 
-FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p", "stream"}
-FIELDS |= {"stop", "seed", "format"}
+FIELDS = {"message", "messages", "system", "max_tokens", "stream", "stop", "format"}
+FIELDS |= validation.SAMPLING_FIELDS
 
 
 def error_body(error: ServiceError, status: int) -> dict:
@@ -67,12 +70,10 @@ def parse_chat_request(body) -> ChatRequest:
         messages=_messages(body),
         system=None if system is None else validation.text(system, "'system'", "system"),
         max_tokens=validation.positive_int(body.get("max_tokens"), "max_tokens"),
-        temperature=validation.temperature(body),
-        top_p=validation.top_p(body),
         stream=validation.flag(body, "stream"),
         stop=validation.stop(body),
-        seed=validation.seed(body.get("seed")),
         json=_format(body.get("format")),
+        **validation.sampling(body),
     )
 
 
@@ -87,18 +88,27 @@ def _done_fields(done: Done) -> dict:
     }
 
 
-class ChatStream:
-    """`data: {"id", "delta"}` per piece, then `{"done": true, ...}` or `event: error`."""
+def _logprobs(entries) -> list[dict]:
+    return [entry.as_dict() for entry in entries]
 
-    def __init__(self, request_id: str, model: str):
+
+class ChatStream:
+    """`data: {"id", "delta"}` per piece (with `logprobs` when asked: the entries of the
+    tokens picked since the last event), then `{"done": true, ...}` or `event: error`."""
+
+    def __init__(self, request_id: str, model: str, logprobs: bool = False):
         self.request_id = request_id
         self.model = model
+        self.logprobs = logprobs
 
     def begin(self) -> list[str]:
         return []
 
-    def delta(self, text: str) -> list[str]:
-        return [sse_frame({"id": self.request_id, "delta": text})]
+    def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
+        event = {"id": self.request_id, "delta": text}
+        if self.logprobs:
+            event["logprobs"] = _logprobs(logprobs)
+        return [sse_frame(event)]
 
     def done(self, done: Done) -> list[str]:
         body = {"id": self.request_id, "model": self.model, "done": True, **_done_fields(done)}
@@ -117,10 +127,12 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         job = relay.submit(chat_request, config, runtime, g.request_id)
         relayed = relay.events(job, g.disconnected)
         if chat_request.stream:
-            return relay.sse(job, relayed, ChatStream(job.id, runtime.model_name), g.log)
-        text, done = relay.collect(relayed, g.log)
-        return jsonify(
-            {"id": job.id, "model": runtime.model_name, "response": text, **_done_fields(done)}
-        )
+            shape = ChatStream(job.id, runtime.model_name, chat_request.logprobs)
+            return relay.sse(job, relayed, shape, g.log)
+        text, done, logprobs = relay.collect(relayed, g.log)
+        answer = {"id": job.id, "model": runtime.model_name, "response": text}
+        if chat_request.logprobs:
+            answer["logprobs"] = _logprobs(logprobs)
+        return jsonify({**answer, **_done_fields(done)})
 
     return bp

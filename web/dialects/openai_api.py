@@ -42,11 +42,26 @@ def _usage(done: Done) -> dict:
     }
 
 
+def logprobs_of(entries, asked: bool) -> dict | None:
+    """A choice's `logprobs`: null unless asked, else {"content": [entries], "refusal": null}."""
+    if not asked:
+        return None
+    return {"content": [entry.as_dict() for entry in entries], "refusal": None}
+
+
 class CompletionStream:
-    """chat.completion.chunk events: the role, content deltas, the finish reason, with
+    """chat.completion.chunk events: the role, content deltas (with logprobs when asked: the
+    entries of the tokens picked since the last chunk), the finish reason, with
     include_usage a usage chunk, then `data: [DONE]`; an error is one `data: {"error"}`."""
 
-    def __init__(self, request_id: str, model: str, created: int, include_usage: bool):
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+        logprobs: bool = False,
+    ):
         self.head = {
             "id": request_id,
             "object": "chat.completion.chunk",
@@ -54,17 +69,23 @@ class CompletionStream:
             "model": model,
         }
         self.include_usage = include_usage
+        self.logprobs = logprobs
 
-    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk(self, delta: dict, finish_reason: str | None = None, logprobs=None, **extra) -> str:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         usage = {"usage": None} if self.include_usage else {}
         return sse_frame({**self.head, "choices": [choice], **usage, **extra})
 
     def begin(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def delta(self, text: str) -> list[str]:
-        return [self._chunk({"content": text})]
+    def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
+        return [self._chunk({"content": text}, logprobs=logprobs_of(logprobs, self.logprobs))]
 
     def done(self, done: Done) -> list[str]:
         frames = [self._chunk({}, done.finish_reason, timings=done.timings())]
@@ -82,6 +103,7 @@ def _model_card(runtime: Runtime) -> dict:
         "object": "model",
         "created": runtime.created,
         "owned_by": "deskchat",
+        "sampling_defaults": runtime.defaults.as_dict(),  # what a silent request gets
     }
 
 
@@ -97,14 +119,14 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         relayed = relay.events(job, g.disconnected)
         model = runtime.model_name
         if chat_request.stream:
-            shape = CompletionStream(job.id, model, created, include_usage)
+            shape = CompletionStream(job.id, model, created, include_usage, chat_request.logprobs)
             return relay.sse(job, relayed, shape, g.log)
-        text, done = relay.collect(relayed, g.log)
+        text, done, logprobs = relay.collect(relayed, g.log)
         message = {"role": "assistant", "content": text}
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs_of(logprobs, chat_request.logprobs),
             "finish_reason": done.finish_reason,
         }
         return jsonify(
