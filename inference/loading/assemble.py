@@ -16,7 +16,12 @@ from pathlib import Path
 
 from inference.host.cpu import CpuUnsupported
 from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
-from inference.runtime.jobs import SamplingDefaults
+from inference.runtime.jobs import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    SamplingDefaults,
+)
 from service.config import EMBEDDED_MODEL, Config
 
 log = logging.getLogger("deskchat.loading")
@@ -143,14 +148,13 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 # The generation_config.json keys vLLM takes as a model's sampling defaults, with the range
-# a request's own value must be in (web/dialects/validation.py); (low, high], low excluded
-# where the third item says so.
+# a request's own value must be in (web/dialects/validation.py): (low, high, low excluded).
 GENERATION_KEYS = {
-    "temperature": (0.0, 2.0, False),
+    "temperature": (0.0, MAX_TEMPERATURE, False),
     "top_p": (0.0, 1.0, True),
-    "top_k": (-1, 1_000_000, False),
+    "top_k": (-1, MAX_TOP_K, False),
     "min_p": (0.0, 1.0, False),
-    "repetition_penalty": (0.0, 10.0, True),
+    "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, True),
 }
 
 

@@ -34,6 +34,15 @@ class Sampling:
     top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
 
 
+# The upper bounds of the sampling knobs a request or a model's generation_config.json may
+# set (web/dialects/validation.py, inference/loading/assemble.py). repetition_penalty is a
+# factor > 0 (1: off) and models ship 1.0-1.3: past MAX_REPETITION_PENALTY it only garbles
+# answers, so a larger value is taken for a mistake. A top_k past any vocabulary is off.
+MAX_TEMPERATURE = 2.0
+MAX_REPETITION_PENALTY = 10.0
+MAX_TOP_K = 1_000_000
+
+
 @dataclass(frozen=True)
 class SamplingDefaults:
     """What a request that leaves these out gets: the model's generation_config.json, or

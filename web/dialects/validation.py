@@ -11,18 +11,14 @@ import json
 import math
 from dataclasses import dataclass
 
+from inference.runtime.jobs import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from service.errors import InvalidRequest
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
-MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range, -2 to 2
-# repetition_penalty is a factor > 0 (1: off); 1.0-1.3 is what models ship with. Past this it
-# only garbles answers, so a value above is taken for a mistake and named.
-MAX_REPETITION_PENALTY = 10.0
-MAX_TOP_K = 1_000_000  # more than any vocabulary: the same as off
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # The fields every dialect reads with `sampling()`, under the same names.
 SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
