@@ -161,3 +161,34 @@ def test_chat_answer_and_stream_carry_logprobs(fake_server):
     pieces = [e for e in events if "delta" in e]
     assert [e["logprobs"] for e in pieces] == [[entry("w1 ", -0.5, 1)], [entry("w2 ", -0.5, 1)]]
     assert events[-1]["done"] is True
+
+
+@pytest.mark.slow
+def test_the_official_client_reads_logprobs_streamed_and_not(embedded_server):
+    """The openai package, unchanged: its own types parse the entries, the extra fields go
+    in extra_body, and a stream's chunks carry the entries the whole answer has."""
+    import openai
+
+    api = openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key="unused")
+    ask = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "frequency_penalty": 0.3,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "extra_body": {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1},
+    }
+    reply = api.chat.completions.create(**ask)
+    content = reply.choices[0].logprobs.content
+    assert b"".join(bytes(e.bytes) for e in content).decode() == reply.choices[0].message.content
+    assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in content)
+    chunks = list(api.chat.completions.create(**ask, stream=True))
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
