@@ -141,6 +141,7 @@ PENALISED = [
 ]
 
 
+@pytest.mark.slow  # 273 s for both on the 2-core machine (measured)
 def test_penalised_answers_and_logprobs_are_the_same_with_and_without_drafts(engines):
     engine, plain, prompts = engines
     accepted = 0
@@ -156,6 +157,7 @@ def test_penalised_answers_and_logprobs_are_the_same_with_and_without_drafts(eng
     assert accepted > 0  # drafts were taken under penalties: the test saw verified rows
 
 
+@pytest.mark.slow  # 273 s for both on the 2-core machine (measured)
 def test_penalised_answers_are_the_same_alone_and_side_by_side(engines):
     engine, plain, prompts = engines
     jobs = [
