@@ -19,7 +19,13 @@ import time
 from inference.host import cpu
 from inference.host.process import Pinning, apply_gc_policy, lock_memory, name_this_thread
 from inference.host.threads import governor_for
-from inference.loading.assemble import ModelLoadError, choose_model, load_model, native_step
+from inference.loading.assemble import (
+    ModelLoadError,
+    choose_model,
+    load_model,
+    native_step,
+    sampling_defaults,
+)
 from inference.loading.embedded import EmbeddedMissing
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.jobs import Sampling
@@ -205,6 +211,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
     _settle_host(config)
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.decode_step = engine.decode_step
+    runtime.defaults = sampling_defaults(choice.path, config.sampling_defaults)
     runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
     runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)
     runtime.worker = worker  # last: from here on /chat and /health serve

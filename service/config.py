@@ -27,6 +27,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 GC_POLICIES = ("python", "idle")  # inference/host/process.py applies them
 THREAD_POLICIES = ("adaptive", "fixed")  # inference/host/threads.py
+SAMPLING_DEFAULTS = ("model", "greedy")  # inference/loading/assemble.py: sampling_defaults()
 
 
 def physical_cores() -> int:
@@ -151,6 +152,14 @@ class Config:
         "Check the tokens an answer's prompt suggests come next (prompt lookup) in the same "
         "step, keeping those the model picks: the same answer in fewer steps when it copies "
         "from the prompt; only with batch-invariant int8-row. docs/speculation.md.",
+    )
+    sampling_defaults: str = _setting(
+        "model",
+        "What a request that leaves out temperature, top_p, top_k, min_p or "
+        "repetition_penalty gets: model (the model folder's generation_config.json, as "
+        "transformers and vLLM; greedy where it has none) or greedy (temperature 0, no "
+        "penalty).",
+        choices=SAMPLING_DEFAULTS,
     )
     max_queue: int = _setting(
         4, "Jobs that may wait behind the running ones; more get 503.", 1, 1000

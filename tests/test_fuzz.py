@@ -26,6 +26,7 @@ FIELDS = [
     *("message", "messages", "system", "max_tokens", "max_completion_tokens", "temperature"),
     *("top_p", "stream", "stop", "seed", "format", "response_format", "n", "model", "user"),
     *("stream_options", "logprobs", "frequency_penalty", "tools"),
+    *("presence_penalty", "repetition_penalty", "top_k", "min_p", "top_logprobs"),
 ]
 scalars = st.one_of(
     st.none(),
@@ -86,13 +87,15 @@ def test_any_body_is_a_request_or_a_400(body):
     temperature=st.floats(min_value=0, max_value=2),
     top_p=st.floats(min_value=0, max_value=1, exclude_min=True),
     seed=st.none() | st.integers(min_value=0, max_value=2**63),
+    top_k=st.integers(min_value=0, max_value=80),
+    min_p=st.floats(min_value=0, max_value=1),
 )
-def test_any_valid_sampling_gives_a_token(logits, temperature, top_p, seed):
+def test_any_valid_sampling_gives_a_token(logits, temperature, top_p, seed, top_k, min_p):
     scores = torch.tensor(logits)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    token = pick(scores, temperature, top_p, generator)
+    token = pick(scores, temperature, top_p, generator, top_k=top_k, min_p=min_p)
     assert 0 <= token < len(logits)
-    if top_p < 1e-9 and temperature > 1e-3:  # only a most likely token is left (ties: any)
+    if (top_p < 1e-9 or top_k == 1) and temperature > 1e-3:  # only a most likely one is left
         probs = torch.softmax(scores / temperature, dim=-1)
         assert probs[token] == probs.max()
 

@@ -322,3 +322,38 @@ def test_without_a_compiler_the_torch_step_serves_and_the_log_says_so(start_serv
     assert "native decode step unavailable" in warnings[0] and "torch step serves" in warnings[0]
     reply = chat(server.url, {"message": "What is the capital of Japan?", "max_tokens": 8})
     assert reply.status == 200 and "Tokyo" in reply.json()["response"]
+
+
+@pytest.mark.slow
+def test_a_models_generation_config_sets_the_defaults_unless_greedy_is_asked(
+    start_server, tmp_path, embedded_dir
+):
+    """The embedded model with Qwen2.5's sampling defaults written beside it: /health and
+    /v1/models show them, a silent request samples with them (a seed repeats its text);
+    --sampling-defaults greedy serves temperature 0 instead."""
+    import json
+    import shutil
+
+    folder = tmp_path / "with-defaults"
+    shutil.copytree(embedded_dir, folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    generation |= {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    generation["repetition_penalty"] = 1.1
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    expected = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}
+    expected |= {"repetition_penalty": 1.1, "source": "generation_config.json"}
+
+    server = start_server("--model", str(folder))
+    assert request(server.url, "GET", "/health").json()["sampling_defaults"] == expected
+    [card] = request(server.url, "GET", "/v1/models").json()["data"]
+    assert card["sampling_defaults"] == expected
+    ask = {"message": "Write a haiku about autumn.", "max_tokens": 24, "seed": 7}
+    first = chat(server.url, ask).json()["response"]
+    assert chat(server.url, ask).json()["response"] == first
+    assert server.stop() == 0
+
+    greedy = start_server("--model", str(folder), "--sampling-defaults", "greedy")
+    defaults = request(greedy.url, "GET", "/health").json()["sampling_defaults"]
+    assert defaults["temperature"] == 0.0 and defaults["repetition_penalty"] == 1.0
+    silent = chat(greedy.url, {**ask, "seed": None}).json()["response"]
+    assert silent == chat(greedy.url, {**ask, "temperature": 0}).json()["response"]

@@ -128,6 +128,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             "queue": {"depth": worker.depth, "capacity": worker.capacity},
             "batch": {"running": worker.running, "capacity": worker.max_batch},
             "busy": worker.busy,
+            "sampling_defaults": runtime.defaults.as_dict(),
         }
         if runtime.cpu is not None:
             body["cpu"] = runtime.cpu

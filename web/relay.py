@@ -22,7 +22,7 @@ from flask import Response
 from inference.runtime import tools as tool_format
 from inference.runtime.budget import answer_budget
 from inference.runtime.grammar import Grammar
-from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling
+from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling, TokenLogprob
 from inference.runtime.tools import CallArguments, CallEnd, CallPiece, CallReader, CallStart
 from inference.runtime.worker import Worker
 from service.config import Config
@@ -67,11 +67,20 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
             runtime.prompts.context_tokens,
             cap=config.max_tokens_cap,
         ),
-        temperature=chat_request.temperature,
-        top_p=chat_request.top_p,
         stop=chat_request.stop,
         seed=chat_request.seed,
         grammar=grammar,
+        frequency_penalty=chat_request.frequency_penalty,
+        presence_penalty=chat_request.presence_penalty,
+        logprobs=chat_request.logprobs,
+        top_logprobs=chat_request.top_logprobs,
+        **runtime.defaults.fill(
+            temperature=chat_request.temperature,
+            top_p=chat_request.top_p,
+            top_k=chat_request.top_k,
+            min_p=chat_request.min_p,
+            repetition_penalty=chat_request.repetition_penalty,
+        ),
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
@@ -153,13 +162,27 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
 def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
     """The events with the answer's text read for tool calls: Deltas of the text outside
     them, the call pieces, and a Done whose finish_reason is "tool_calls" when the answer
-    stopped after calling."""
+    stopped after calling. Logprob entries go with the text outside calls, as OpenAI's
+    `content` logprobs do: a token the reader holds back goes with the text it lets out
+    next, and the tokens of a call (its tags included) are left out."""
     reader = CallReader()
+    pending: list[TokenLogprob] = []
     for event in relayed:
         if isinstance(event, Failed):
             yield event
             continue
-        yield from reader.feed(event.text) if isinstance(event, Delta) else reader.finish()
+        if isinstance(event, Delta):
+            pending.extend(event.logprobs)
+            pieces = reader.feed(event.text)
+        else:
+            pieces = reader.finish()
+        for piece in pieces:
+            if isinstance(piece, Delta):
+                piece = replace(piece, logprobs=tuple(pending))
+                pending.clear()
+            elif isinstance(piece, CallStart):
+                pending.clear()
+            yield piece
         if isinstance(event, Done):
             if reader.calls and event.finish_reason == "stop":
                 event = replace(event, finish_reason="tool_calls")
@@ -176,14 +199,26 @@ class Call:
     complete: bool = False
 
 
-def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> tuple[str, list[Call], Done]:
-    """The whole answer's text, its calls and its Done; raises the job's error, or Cancelled
-    if the client left."""
+@dataclass
+class Answer:
+    """A whole answer: its text outside calls, its calls, its Done and its logprob entries
+    (none unless asked)."""
+
+    text: str
+    calls: list[Call]
+    done: Done
+    logprobs: list[TokenLogprob]
+
+
+def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> Answer:
+    """The whole answer; raises the job's error, or Cancelled if the client left."""
     parts: list[str] = []
     calls: list[Call] = []
+    logprobs: list[TokenLogprob] = []
     for event in relayed:
         if isinstance(event, Delta):
             parts.append(event.text)
+            logprobs.extend(event.logprobs)
         elif isinstance(event, CallStart):
             calls.append(Call(event.id, event.name))
         elif isinstance(event, CallArguments):
@@ -194,7 +229,7 @@ def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> tuple[str,
             raise event.error
         else:
             log.finish(200, event)
-            return "".join(parts), calls, event
+            return Answer("".join(parts), calls, event, logprobs)
     raise Cancelled("the client went away")
 
 
@@ -203,7 +238,7 @@ class StreamShape(Protocol):
 
     def begin(self, first: Event | CallPiece) -> list[str]: ...
 
-    def delta(self, text: str) -> list[str]: ...
+    def delta(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> list[str]: ...
 
     def call(self, piece: CallPiece) -> list[str]: ...
 
@@ -235,7 +270,7 @@ def sse(
             yield from shape.begin(first)
             for event in itertools.chain([first], relayed):
                 if isinstance(event, Delta):
-                    yield from shape.delta(event.text)
+                    yield from shape.delta(event.text, event.logprobs)
                 elif isinstance(event, CallPiece):
                     yield from shape.call(event)
                 elif isinstance(event, Done):

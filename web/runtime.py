@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from inference.host.threads import ThreadGovernor
 from inference.runtime.grammar import SchemaCompiler
+from inference.runtime.jobs import SamplingDefaults
 from inference.runtime.prompt import PromptBuilder
 from inference.runtime.worker import Worker
 from web.access.keys import KeyRing
@@ -24,6 +25,8 @@ class Runtime:
     cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
     decode_step: str | None = None  # "native avx2" ... or "torch": Engine.decode_step
+    # What a request silent on temperature, top_p, top_k, min_p, repetition_penalty gets
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     @property
     def ready(self) -> bool:

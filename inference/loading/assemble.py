@@ -16,6 +16,12 @@ from pathlib import Path
 
 from inference.host.cpu import CpuUnsupported
 from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
+from inference.runtime.jobs import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    SamplingDefaults,
+)
 from service.config import EMBEDDED_MODEL, Config
 
 log = logging.getLogger("deskchat.loading")
@@ -139,6 +145,54 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         ids.add(im_end)
     return ids
+
+
+# The generation_config.json keys vLLM takes as a model's sampling defaults, with the range
+# a request's own value must be in (web/dialects/validation.py): (low, high, low excluded).
+GENERATION_KEYS = {
+    "temperature": (0.0, MAX_TEMPERATURE, False),
+    "top_p": (0.0, 1.0, True),
+    "top_k": (-1, MAX_TOP_K, False),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, True),
+}
+
+
+def sampling_defaults(folder: Path, policy: str) -> SamplingDefaults:
+    """What requests that leave sampling fields out get: greedy, or with policy `model` the
+    folder's generation_config.json read as vLLM reads it (each of GENERATION_KEYS it sets;
+    top_k -1 or 0 is off), except that an explicit `do_sample: false` keeps temperature 0,
+    as transformers' generate() does. A value out of range is skipped with a WARNING; a file
+    that is missing or does not parse leaves greedy."""
+    if policy == "greedy":
+        return SamplingDefaults(source="greedy (--sampling-defaults greedy)")
+    path = folder / "generation_config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raw = {}
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("%s is not readable JSON (%s); sampling defaults: greedy", path, exc)
+        raw = {}
+    values = {}
+    for key, (low, high, low_open) in GENERATION_KEYS.items():
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key == "top_k":
+            number = isinstance(value, int) and not isinstance(value, bool)
+        if not number or not low <= value <= high or (low_open and value == low):
+            log.warning("%s: %s %r is out of range; not used as a default", path, key, value)
+            continue
+        values[key] = max(value, 0) if key == "top_k" else float(value)
+    if isinstance(raw, dict) and raw.get("do_sample") is False:
+        values.pop("temperature", None)
+    if not values:
+        return SamplingDefaults(source="greedy (the model's generation_config.json sets none)")
+    defaults = SamplingDefaults(**values, source="generation_config.json")
+    log.info("sampling defaults from %s: %s", path, defaults.values())
+    return defaults
 
 
 def load_model(choice: ModelChoice, config: Config, status: Status):

@@ -60,3 +60,58 @@ class TextAssembler:
         piece = self._text[self._emitted : end] if end > self._emitted else ""
         self._emitted = max(self._emitted, end)
         return piece
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte in a
+    byte-level BPE vocabulary (Qwen's, SmolLM2's) -> that byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+class TokenPieces:
+    """Each token's text and true bytes, as OpenAI's logprobs give them: the bytes the token
+    adds to the answer (a piece of a character is a byte or two, not U+FFFD), the text those
+    bytes spell, or `bytes:\\xe5\\x9b` where they spell no whole character. Special tokens,
+    which the answer leaves out, have no bytes. Kept per id once asked: the worker thread
+    alone uses it."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(backend, "decoder", None)
+        self._byte_level = "ByteLevel" in repr(decoder)
+        self._alphabet = _byte_decoder()
+        self._special = set(getattr(tokenizer, "all_special_ids", ()))
+        self._known: dict[int, tuple[str, tuple[int, ...]]] = {}
+
+    def piece(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """(token text, bytes) of one id."""
+        known = self._known.get(token_id)
+        if known is None:
+            known = self._known[token_id] = self._read(token_id)
+        return known
+
+    def _read(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        name = self._tokenizer.convert_ids_to_tokens(token_id)
+        if name is None:  # a row of the logits past the tokenizer's vocabulary (padding)
+            return "", ()
+        if token_id in self._special:
+            return name, ()
+        if self._byte_level and all(c in self._alphabet for c in name):
+            raw = bytes(self._alphabet[c] for c in name)
+        else:  # an added token written as itself, or a tokenizer that is not byte-level
+            raw = self._tokenizer.decode([token_id]).encode("utf-8")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text, tuple(raw)

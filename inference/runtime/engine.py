@@ -3,12 +3,13 @@
 Each step is one forward (inference/model/decoder.py) over every open stream: one token for each
 stream that is decoding and, for streams still reading their prompt, the next prefill chunk,
 so a long prompt arriving costs the running streams a little per step instead of freezing
-them. Every stream keeps its own sampling (temperature, top_p, seed, stop strings, JSON
-grammar), token budget and KV cache. With `prefix_cache` the cache of the last finished
-stream is kept, and a prompt that starts with the same ids (the next turn of that
-conversation) only runs its new suffix. With `speculate`, a decoding stream's step also
-checks the tokens its prompt suggests will follow (inference/runtime/speculation.py) and
-keeps those the model itself picks: the same answer in fewer steps. It knows nothing of
+them. Every stream keeps its own sampling (temperature, top_p, top_k, min_p, penalties, seed,
+stop strings, JSON grammar, logprobs), token budget and KV cache. With `prefix_cache` the
+cache of the last finished stream is kept, and a prompt that starts with the same ids (the
+next turn of that conversation) only runs its new suffix. With `speculate`, a decoding
+stream's step also checks the tokens its prompt suggests will follow
+(inference/runtime/speculation.py) and keeps those the model itself picks: the same answer
+in fewer steps. It knows nothing of
 HTTP, queues, deadlines or chat messages: the worker thread decides who is open and calls
 `step()`; `run()` is one stream alone, start to end.
 """
@@ -25,8 +26,8 @@ from inference.model.decoder import Decoder, Segment
 from inference.model.kvcache import SequenceCache
 from inference.runtime import sampler
 from inference.runtime.budget import answer_budget
-from inference.runtime.detokenize import TextAssembler
-from inference.runtime.jobs import Generation, Sampling
+from inference.runtime.detokenize import TextAssembler, TokenPieces
+from inference.runtime.jobs import Generation, Sampling, TokenLogprob
 from inference.runtime.speculation import PromptLookup
 
 # Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
@@ -43,7 +44,8 @@ PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not bat
 
 class Stream:
     """One job's generation inside the engine. The worker reads `finish`, `error`,
-    `take_text()`, `completion_tokens` and `ttft_s`; the rest is the engine's."""
+    `take_text()`, `take_logprobs()`, `completion_tokens` and `ttft_s`; the rest is the
+    engine's."""
 
     def __init__(
         self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache, speculate
@@ -57,6 +59,7 @@ class Stream:
         self.drafted = self.accepted = 0  # tokens proposed by drafts, and taken from them
         self.steps = 0  # forwards that gave it at least one token
         self.constraint = sampling.grammar.constraint() if sampling.grammar else None
+        self.penalties = sampler.Penalties.of(prompt_ids, sampling)
         self.reused = cache.length if cache else 0  # prompt tokens taken from a kept cache
         self.prefilled = self.reused  # prompt tokens in the cache so far
         self.token = -1  # the last token picked, the next decode step's input
@@ -66,6 +69,7 @@ class Stream:
         self.opened = time.monotonic()
         self.ttft_s = 0.0
         self._pending: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
 
     @property
     def prefilling(self) -> bool:
@@ -75,6 +79,14 @@ class Stream:
         """The text produced since the last call (may be empty)."""
         text, self._pending = "".join(self._pending), []
         return text
+
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The logprob entries of the tokens picked since the last call, in order."""
+        entries, self._logprobs = tuple(self._logprobs), []
+        return entries
+
+    def add_logprob(self, entry: TokenLogprob) -> None:
+        self._logprobs.append(entry)
 
     def add_text(self, piece: str) -> None:
         if piece:
@@ -119,6 +131,7 @@ class Engine:
         self.eos_ids = eos_ids
         self.prefix_cache = prefix_cache
         self.decoder = Decoder(model, context_tokens)
+        self.pieces = TokenPieces(tokenizer)  # token text and bytes, for logprobs
         # True when every Linear is per-row int8: a row's result is the same in any batch
         # and any chunking, so several streams may share a step, and drafted tokens may be
         # verified beside the step's own (else a draft would change the answer).
@@ -272,13 +285,29 @@ class Engine:
             stream.cache.crop(stream.cache.length - (len(rows) - taken))
 
     def _advance(self, stream: Stream, scores: torch.Tensor) -> int:
-        """Pick the stream's next token from its logits and decide whether it is done."""
+        """Pick the stream's next token from its logits and decide whether it is done. The
+        penalties and the grammar's mask change `scores` first; logprobs are of what they
+        left, before temperature and the top_k/top_p/min_p cuts (a greedy and a sampled
+        request report the same numbers)."""
+        if stream.penalties is not None:
+            stream.penalties.apply_(scores)
         if stream.constraint is not None:
             stream.constraint.mask_(scores)
         sampling = stream.sampling
-        token = sampler.pick(scores, sampling.temperature, sampling.top_p, stream.generator())
+        token = sampler.pick(
+            scores,
+            sampling.temperature,
+            sampling.top_p,
+            stream.generator(),
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+        )
         if stream.constraint is not None:
             stream.constraint.take(token)
+        if stream.penalties is not None:
+            stream.penalties.add(token)
+        if sampling.logprobs and token not in self.eos_ids:
+            stream.add_logprob(self._logprob(scores, token, sampling.top_logprobs))
         if stream.completion_tokens == 0:
             stream.ttft_s = time.monotonic() - stream.opened
         stream.completion_tokens += 1
@@ -294,6 +323,14 @@ class Engine:
         elif stream.completion_tokens >= stream.budget:
             stream.finish = "length"
         return token
+
+    def _logprob(self, scores: torch.Tensor, token: int, alternatives: int) -> TokenLogprob:
+        chosen, best = sampler.logprobs(scores, token, alternatives)
+        return self._entry(token, chosen, tuple(self._entry(i, v) for i, v in best))
+
+    def _entry(self, token: int, logprob: float, top: tuple = ()) -> TokenLogprob:
+        text, raw = self.pieces.piece(token)
+        return TokenLogprob(text, logprob, raw, top)
 
     # -- one stream alone -------------------------------------------------------------------
 

@@ -25,6 +25,52 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None  # same seed, same request: same text
     grammar: Grammar | None = None  # constrains the answer to a JSON schema
+    top_k: int = 0  # 0 (or less): off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # HF/vLLM's, on prompt and answer tokens; 1: off
+    frequency_penalty: float = 0.0  # OpenAI's, on answer tokens, per occurrence
+    presence_penalty: float = 0.0  # OpenAI's, on answer tokens, once
+    logprobs: bool = False  # each answer token's log-probability
+    top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
+
+
+# The upper bounds of the sampling knobs a request or a model's generation_config.json may
+# set (web/dialects/validation.py, inference/loading/assemble.py). repetition_penalty is a
+# factor > 0 (1: off) and models ship 1.0-1.3: past MAX_REPETITION_PENALTY it only garbles
+# answers, so a larger value is taken for a mistake. A top_k past any vocabulary is off.
+MAX_TEMPERATURE = 2.0
+MAX_REPETITION_PENALTY = 10.0
+MAX_TOP_K = 1_000_000
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves these out gets: the model's generation_config.json, or
+    greedy (`--sampling-defaults`); `source` says which, for /health and /v1/models."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    source: str = "greedy"
+
+    def values(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
+
+    def fill(self, **asked) -> dict:
+        """The asked values, each None replaced by its default."""
+        defaults = self.values()
+        return {key: defaults[key] if value is None else value for key, value in asked.items()}
+
+    def as_dict(self) -> dict:
+        return {**self.values(), "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -40,8 +86,31 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability (or an alternative's, then `top` is empty): its text as
+    OpenAI writes it, its true bytes, and with top_logprobs the most likely tokens there."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TokenLogprob, ...] = ()
+
+    def as_dict(self, alternatives: bool = True) -> dict:
+        """OpenAI's entry: {"token", "logprob", "bytes", "top_logprobs": [...]}."""
+        entry = {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes)}
+        if alternatives:
+            entry["top_logprobs"] = [t.as_dict(alternatives=False) for t in self.top]
+        return entry
+
+
+@dataclass(frozen=True)
 class Delta:
+    """Answer text, and the logprob entries of the tokens picked since the last Delta (their
+    text may come in a later Delta: the detokenizer holds back partial characters and what
+    could grow into a stop string)."""
+
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ class StreamLike(Protocol):
 
     def take_text(self) -> str: ...
 
+    def take_logprobs(self) -> tuple: ...
+
 
 class EngineLike(Protocol):
     name: str
@@ -371,8 +373,7 @@ class Worker:
             if entry.stream.error is not None:
                 self._leave(entry, _own_failure(entry.job, entry.stream.error, "its step"))
                 continue
-            if text := entry.stream.take_text():
-                entry.job.events.put(Delta(text))
+            self._deliver(entry)
             if entry.stream.finish is not None:
                 try:
                     self._finish(entry)  # its held-back text is detokenized here
@@ -382,8 +383,7 @@ class Worker:
     def _finish(self, entry: Running) -> None:
         job = entry.job
         result = self.engine.close(entry.stream)
-        if text := entry.stream.take_text():
-            job.events.put(Delta(text))
+        self._deliver(entry)
         done_at = time.monotonic()
         if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
             self._measured_prefill(result.ttft_s / len(job.prompt_ids))
@@ -403,6 +403,13 @@ class Worker:
                 steps=result.steps,
             ),
         )
+
+    @staticmethod
+    def _deliver(entry: Running) -> None:
+        """The text and the logprob entries the stream has made since the last Delta."""
+        text, logprobs = entry.stream.take_text(), entry.stream.take_logprobs()
+        if text or logprobs:
+            entry.job.events.put(Delta(text, logprobs))
 
     def _leave(self, entry: Running, error: ServiceError) -> None:
         """Ends a running job early: its cache is released, the others go on."""

@@ -1,6 +1,55 @@
-"""Driving a real Engine by hand: jobs stepped side by side, as the worker would."""
+"""Driving real Engines by hand, as the worker would: two engines on one loaded embedded
+model (one speculating, one not) and the helpers that ask them, for the exactness tests
+(speculation, penalties, logprobs, batching)."""
 
 from __future__ import annotations
+
+import dataclasses
+
+from inference.runtime.engine import Engine
+from service.config import load_config
+
+
+def speculating_and_plain(embedded_dir):
+    """(speculating engine, plain engine on the same weights, prompt builder), int8-row."""
+    from inference.loading.assemble import ModelChoice, load_model
+
+    config = dataclasses.replace(load_config([], {}), quantize="int8-row")
+    assert config.speculate  # the shipped default
+    engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
+    assert engine.speculate
+    plain = Engine(
+        engine.model, engine.tokenizer, engine.name, engine.context_tokens, engine.eos_ids
+    )
+    assert not plain.speculate
+    return engine, plain, prompts
+
+
+def encode(prompts, question: str) -> list[int]:
+    return prompts.encode([{"role": "user", "content": question}])
+
+
+def answer(engine, prompt_ids, sampling) -> tuple[str, object]:
+    parts: list[str] = []
+    result = engine.run(prompt_ids, sampling, parts.append, lambda: False)
+    return "".join(parts), result
+
+
+def side_by_side(engine, jobs: list[tuple[list[int], object]]) -> list[tuple[str, tuple]]:
+    """Open every (prompt ids, sampling) job at once and step them together to their ends:
+    each one's text and logprob entries, in job order (one job: the answer alone)."""
+    streams = {i: engine.open(ids, sampling) for i, (ids, sampling) in enumerate(jobs)}
+    texts, entries = ["" for _ in jobs], [() for _ in jobs]
+    while streams:
+        engine.step(list(streams.values()))
+        for i, stream in list(streams.items()):
+            assert stream.error is None, stream.error
+            if stream.finish is not None:
+                engine.close(stream)
+                del streams[i]
+            texts[i] += stream.take_text()
+            entries[i] += stream.take_logprobs()
+    return list(zip(texts, entries, strict=True))
 
 
 def batched(engine, jobs, joins=None, leaves=None) -> list[str]:

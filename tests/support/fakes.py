@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from inference.runtime.jobs import Delta, Generation, Job
+from inference.runtime.jobs import Delta, Generation, Job, TokenLogprob
 from inference.runtime.prompt import PromptBuilder
 
 
@@ -20,17 +20,24 @@ class FakeStream:
         self.completion_tokens = 0
         self.ttft_s = 0.0
         self.text = ""
+        self.logprobs: list[TokenLogprob] = []
         self.error = None
 
     def take_text(self) -> str:
         text, self.text = self.text, ""
         return text
 
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        entries, self.logprobs = tuple(self.logprobs), []
+        return entries
+
 
 class FakeEngine:
     """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops), one per `token_s`
     seconds per step, whatever the number of streams in the step (a batch costs what one
-    stream does); records the order jobs started in."""
+    stream does); records the order jobs started in and the sampling each job got. With
+    logprobs asked, each piece is a token of log-probability -0.5, its alternatives the
+    same piece in upper case at -1, -2, ..."""
 
     name = "fake"
     batch_invariant = True
@@ -51,6 +58,7 @@ class FakeEngine:
         self.prefill_token_s = prefill_token_s  # more of it per prompt token
         self.bytes_per_token = bytes_per_token  # KV cache a job reserves, per token
         self.ran: list[list[int]] = []  # prompt ids, in the order generation started
+        self.samplings: list = []  # the Sampling of each job, in the same order
         self.tokens_made: list[int] = []  # tokens produced per job
         self.batch_sizes: list[int] = []  # streams per step
         self.started = threading.Event()
@@ -60,6 +68,7 @@ class FakeEngine:
 
     def open(self, prompt_ids, sampling) -> FakeStream:
         self.ran.append(list(prompt_ids))
+        self.samplings.append(sampling)
         self.started.set()
         if self.fail_on is not None and prompt_ids == [ord(c) for c in self.fail_on]:
             raise RuntimeError("scripted failure")
@@ -77,7 +86,10 @@ class FakeEngine:
             stream.completion_tokens += 1
             made = stream.completion_tokens
             stream.ttft_s = stream.ttft_s or time.monotonic() - stream.opened
-            stream.text += f"w{made} " if self.reply is None else self.reply[made - 1]
+            piece = f"w{made} " if self.reply is None else self.reply[made - 1]
+            stream.text += piece
+            if stream.sampling.logprobs:
+                stream.logprobs.append(fake_logprob(piece, stream.sampling.top_logprobs))
             if self.reply is not None and made == len(self.reply):
                 stream.finish = "stop"
             elif made >= stream.sampling.max_tokens:
@@ -87,6 +99,14 @@ class FakeEngine:
         self.tokens_made.append(stream.completion_tokens)
         finish = "interrupted" if interrupted or stream.finish is None else stream.finish
         return Generation(finish, stream.completion_tokens, stream.ttft_s)
+
+
+def fake_logprob(piece: str, alternatives: int) -> TokenLogprob:
+    def entry(text: str, logprob: float, top=()) -> TokenLogprob:
+        return TokenLogprob(text, logprob, tuple(text.encode()), tuple(top))
+
+    top = [entry(piece.upper(), -1.0 - i) for i in range(alternatives)]
+    return entry(piece, -0.5, top)
 
 
 class FakePrompts(PromptBuilder):

@@ -1,10 +1,14 @@
 """The /chat dialect: deskchat's own body and answer shapes, over the shared relay.
 
-Body: `message` or `messages`, and optionally `system`, `max_tokens`, `temperature`, `top_p`,
-`stream`, `stop`, `seed`, `format` ("json" or a JSON schema, as in Ollama), `tools` (flat
-{"name", "description", "parameters"} entries), `tool_choice` ("none", "auto", "required" or
-a tool's name), `parallel_tool_calls`. Calls come back whole, arguments as JSON objects.
-Errors: {"error": {"message", "type", "code": <status>}}.
+Body: `message` or `messages`, and optionally `system`, `max_tokens`, `stream`, `stop`,
+`format` ("json" or a JSON schema, as in Ollama), `tools` (flat {"name", "description",
+"parameters"} entries), `tool_choice` ("none", "auto", "required" or a tool's name),
+`parallel_tool_calls`, and the sampling fields, named as on /v1 (`temperature`, `top_p`,
+`top_k`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`, `seed`,
+`logprobs`, `top_logprobs`: validation.SAMPLING_FIELDS). Calls come back whole, arguments as
+JSON objects. With `logprobs`, the answer and each stream event carry a `logprobs` list of
+OpenAI's entries, for the text outside calls. Errors: {"error": {"message", "type", "code":
+<status>}}.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from web.errors import status_of
 from web.relay import Call, sse_frame
 from web.runtime import Runtime
 
-FIELDS = {"message", "messages", "system", "max_tokens", "temperature", "top_p", "stream"}
-FIELDS |= {"stop", "seed", "format", "tools", "tool_choice", "parallel_tool_calls"}
+FIELDS = {"message", "messages", "system", "max_tokens", "stream", "stop", "format"}
+FIELDS |= {"tools", "tool_choice", "parallel_tool_calls"}
+FIELDS |= validation.SAMPLING_FIELDS
 MESSAGE_KEYS = {"user": set(), "system": set(), "assistant": {"tool_calls"}}
 MESSAGE_KEYS["tool"] = {"tool_call_id"}
 
@@ -148,13 +153,11 @@ def parse_chat_request(body) -> ChatRequest:
         messages=_messages(body),
         system=None if system is None else validation.text(system, "'system'", "system"),
         max_tokens=validation.positive_int(body.get("max_tokens"), "max_tokens"),
-        temperature=validation.temperature(body),
-        top_p=validation.top_p(body),
         stream=validation.flag(body, "stream"),
         stop=validation.stop(body),
-        seed=validation.seed(body.get("seed")),
         json=schema,
         tools=tool_use,
+        **validation.sampling(body),
     )
 
 
@@ -173,21 +176,29 @@ def _tool_call(call: Call) -> dict:
     return {"id": call.id, "name": call.name, "arguments": json.loads(call.arguments)}
 
 
-class ChatStream:
-    """`data: {"id", "delta"}` per piece of text, `{"id", "tool_call": {"index", "id",
-    "name", "arguments"}}` per call once it is whole, then `{"done": true, ...}` or
-    `event: error`."""
+def _logprobs(entries) -> list[dict]:
+    return [entry.as_dict() for entry in entries]
 
-    def __init__(self, request_id: str, model: str):
+
+class ChatStream:
+    """`data: {"id", "delta"}` per piece of text (with `logprobs` when asked: the entries of
+    the tokens picked since the last event), `{"id", "tool_call": {"index", "id", "name",
+    "arguments"}}` per call once it is whole, then `{"done": true, ...}` or `event: error`."""
+
+    def __init__(self, request_id: str, model: str, logprobs: bool = False):
         self.request_id = request_id
         self.model = model
+        self.logprobs = logprobs
         self._call: Call | None = None  # the call being read
 
     def begin(self, first) -> list[str]:
         return []
 
-    def delta(self, text: str) -> list[str]:
-        return [sse_frame({"id": self.request_id, "delta": text})]
+    def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
+        event = {"id": self.request_id, "delta": text}
+        if self.logprobs:
+            event["logprobs"] = _logprobs(logprobs)
+        return [sse_frame(event)]
 
     def call(self, piece: CallPiece) -> list[str]:
         if isinstance(piece, CallStart):
@@ -218,10 +229,15 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         if chat_request.tools is not None:
             relayed = relay.read_calls(relayed)
         if chat_request.stream:
-            return relay.sse(job, relayed, ChatStream(job.id, runtime.model_name), g.log)
-        text, calls, done = relay.collect(relayed, g.log)
-        whole = [_tool_call(c) for c in calls if c.complete]  # one cut short is left out
-        answer = {"id": job.id, "model": runtime.model_name, "response": text}
-        return jsonify({**answer, **({"tool_calls": whole} if whole else {}), **_done_fields(done)})
+            shape = ChatStream(job.id, runtime.model_name, chat_request.logprobs)
+            return relay.sse(job, relayed, shape, g.log)
+        answer = relay.collect(relayed, g.log)
+        whole = [_tool_call(c) for c in answer.calls if c.complete]  # one cut short: left out
+        body = {"id": job.id, "model": runtime.model_name, "response": answer.text}
+        if whole:
+            body["tool_calls"] = whole
+        if chat_request.logprobs:
+            body["logprobs"] = _logprobs(answer.logprobs)
+        return jsonify({**body, **_done_fields(answer.done)})
 
     return bp

@@ -50,13 +50,28 @@ def _tool_calls(calls: list[Call]) -> list[dict]:
     ]
 
 
+def logprobs_of(entries, asked: bool) -> dict | None:
+    """A choice's `logprobs`: null unless asked, else {"content": [entries], "refusal": null}."""
+    if not asked:
+        return None
+    return {"content": [entry.as_dict() for entry in entries], "refusal": None}
+
+
 class CompletionStream:
-    """chat.completion.chunk events: the role, content deltas or tool_calls deltas (a call's
-    first with its id, type, name and empty arguments, then pieces of its arguments, by
-    `index`, as OpenAI sends them), the finish reason, with include_usage a usage chunk, then
+    """chat.completion.chunk events: the role, content deltas (with logprobs when asked: the
+    entries of the tokens picked since the last chunk) or tool_calls deltas (a call's first
+    with its id, type, name and empty arguments, then pieces of its arguments, by `index`, as
+    OpenAI sends them), the finish reason, with include_usage a usage chunk, then
     `data: [DONE]`; an error is one `data: {"error"}`."""
 
-    def __init__(self, request_id: str, model: str, created: int, include_usage: bool):
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+        logprobs: bool = False,
+    ):
         self.head = {
             "id": request_id,
             "object": "chat.completion.chunk",
@@ -64,9 +79,15 @@ class CompletionStream:
             "model": model,
         }
         self.include_usage = include_usage
+        self.logprobs = logprobs
 
-    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk(self, delta: dict, finish_reason: str | None = None, logprobs=None, **extra) -> str:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         usage = {"usage": None} if self.include_usage else {}
         return sse_frame({**self.head, "choices": [choice], **usage, **extra})
 
@@ -74,8 +95,8 @@ class CompletionStream:
         content = None if isinstance(first, CallStart) else ""  # null before calls, as OpenAI
         return [self._chunk({"role": "assistant", "content": content})]
 
-    def delta(self, text: str) -> list[str]:
-        return [self._chunk({"content": text})]
+    def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
+        return [self._chunk({"content": text}, logprobs=logprobs_of(logprobs, self.logprobs))]
 
     def call(self, piece: CallPiece) -> list[str]:
         if isinstance(piece, CallStart):
@@ -103,6 +124,7 @@ def _model_card(runtime: Runtime) -> dict:
         "object": "model",
         "created": runtime.created,
         "owned_by": "deskchat",
+        "sampling_defaults": runtime.defaults.as_dict(),  # what a silent request gets
     }
 
 
@@ -120,17 +142,18 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
             relayed = relay.read_calls(relayed)
         model = runtime.model_name
         if chat_request.stream:
-            shape = CompletionStream(job.id, model, created, include_usage)
+            shape = CompletionStream(job.id, model, created, include_usage, chat_request.logprobs)
             return relay.sse(job, relayed, shape, g.log)
-        text, calls, done = relay.collect(relayed, g.log)
-        message = {"role": "assistant", "content": text if text or not calls else None}
-        if calls:
-            message["tool_calls"] = _tool_calls(calls)
+        answer = relay.collect(relayed, g.log)
+        content = answer.text if answer.text or not answer.calls else None
+        message = {"role": "assistant", "content": content}
+        if answer.calls:
+            message["tool_calls"] = _tool_calls(answer.calls)
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": None,
-            "finish_reason": done.finish_reason,
+            "logprobs": logprobs_of(answer.logprobs, chat_request.logprobs),
+            "finish_reason": answer.done.finish_reason,
         }
         return jsonify(
             {
@@ -139,8 +162,8 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
                 "created": created,
                 "model": model,
                 "choices": [choice],
-                "usage": _usage(done),
-                "timings": done.timings(),
+                "usage": _usage(answer.done),
+                "timings": answer.done.timings(),
             }
         )
 

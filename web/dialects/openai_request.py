@@ -3,8 +3,10 @@
 What the official client and LangChain send with their default settings is accepted. A field
 we do not implement is accepted only with its no-op value (NO_OPS); any other value is a 400
 naming the field, never silently ignored. `model` may name anything: one model is served,
-and every answer names it. `temperature` defaults to 0 (greedy), as on /chat, not to
-OpenAI's 1: answers from a small model are better, and repeatable, unless a tool asks.
+and every answer names it. Sampling fields left out take the served defaults, as on /chat
+(the model's generation_config.json, or greedy: `--sampling-defaults`), not OpenAI's
+temperature 1; `repetition_penalty`, `top_k` and `min_p` are read as vLLM and llama-server
+read them.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ ROLES = {
 # Fields we take no action on, and the values under which that is exactly what OpenAI does.
 NO_OPS: dict[str, tuple] = {
     "n": (None, 1),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
     "functions": (None, []),  # the deprecated form of `tools`
     "function_call": (None, "none", "auto"),
@@ -51,9 +49,10 @@ CLIENT_ECHOES = {"parsed"}
 CALL_ECHOES = {"index"}
 FUNCTION_ECHOES = {"parsed_arguments"}
 IMPLEMENTED = {
-    *("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p"),
-    *("stop", "stream", "stream_options", "seed", "response_format"),
+    *("messages", "model", "max_tokens", "max_completion_tokens"),
+    *("stop", "stream", "stream_options", "response_format"),
     *("tools", "tool_choice", "parallel_tool_calls"),
+    *validation.SAMPLING_FIELDS,
 }
 CHOICE_SHAPES = 'none, auto, required or {"type": "function", "function": {"name": ...}}'
 
@@ -303,12 +302,10 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
     chat_request = ChatRequest(
         messages=_messages(body["messages"]),
         max_tokens=_max_tokens(body),
-        temperature=validation.temperature(body),  # greedy unless asked, as on /chat
-        top_p=validation.top_p(body),
         stream=stream,
         stop=validation.stop(body),
-        seed=validation.seed(body.get("seed")),
         json=schema,
         tools=tool_use,
+        **validation.sampling(body),  # left out: the served defaults, as on /chat
     )
     return chat_request, include_usage

@@ -11,13 +11,18 @@ import json
 import math
 from dataclasses import dataclass
 
+from inference.runtime.jobs import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
 
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
-MAX_TEMPERATURE = 2.0
+MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range, -2 to 2
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# The fields every dialect reads with `sampling()`, under the same names.
+SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
+SAMPLING_FIELDS |= {"frequency_penalty", "presence_penalty", "seed", "logprobs", "top_logprobs"}
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch's generator takes
 
 
@@ -45,8 +50,16 @@ class ChatRequest:
     messages: list[dict]
     system: str | None = None
     max_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
+    # None: the served defaults (SamplingDefaults: the model's generation_config.json)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
     stream: bool = False
     stop: tuple[str, ...] = ()
     seed: int | None = None
@@ -96,12 +109,13 @@ def message_list(raw) -> list:
 
 
 def number(
-    body: dict, key: str, default: float, low: float, high: float, low_open: bool = False
-) -> float:
-    """A finite number in [low, high] (or (low, high]); any JSON number, however large."""
-    value = body.get(key, default)
+    body: dict, key: str, default: float | None, low: float, high: float, low_open: bool = False
+) -> float | None:
+    """A finite number in [low, high] (or (low, high]); any JSON number, however large.
+    Left out or null: `default`."""
+    value = body.get(key)
     if value is None:
-        value = default
+        return default
     try:
         as_float = float(value) if isinstance(value, int | float) else math.nan
     except OverflowError:  # an integer with hundreds of digits
@@ -117,12 +131,50 @@ def number(
     return as_float
 
 
-def temperature(body: dict) -> float:
-    return number(body, "temperature", 0.0, 0.0, MAX_TEMPERATURE)
+def sampling(body: dict) -> dict:
+    """The SAMPLING_FIELDS of a body, checked, as ChatRequest's keyword arguments. What is
+    left out of temperature, top_p, top_k, min_p and repetition_penalty stays None: the
+    served defaults fill it in (web/relay.py)."""
+    asked_logprobs = flag(body, "logprobs")
+    alternatives = top_logprobs(body.get("top_logprobs"))
+    if alternatives and not asked_logprobs:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return {
+        "temperature": number(body, "temperature", None, 0.0, MAX_TEMPERATURE),
+        "top_p": number(body, "top_p", None, 0.0, 1.0, low_open=True),
+        "top_k": top_k(body.get("top_k")),
+        "min_p": number(body, "min_p", None, 0.0, 1.0),
+        "repetition_penalty": number(
+            body, "repetition_penalty", None, 0.0, MAX_REPETITION_PENALTY, low_open=True
+        ),
+        "frequency_penalty": number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "presence_penalty": number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "seed": seed(body.get("seed")),
+        "logprobs": asked_logprobs,
+        "top_logprobs": alternatives,
+    }
 
 
-def top_p(body: dict) -> float:
-    return number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+def top_k(value) -> int | None:
+    """None when left out; 0 and -1 (vLLM's word for it) turn it off."""
+    if value is None:
+        return None
+    if not is_int(value) or not -1 <= value <= MAX_TOP_K:
+        raise InvalidRequest(
+            f"'top_k' must be an integer from -1 to {MAX_TOP_K} (0 or -1: off)", param="top_k"
+        )
+    return max(value, 0)
+
+
+def top_logprobs(value) -> int:
+    if value is None:
+        return 0
+    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}",
+            param="top_logprobs",
+        )
+    return value
 
 
 def positive_int(value, key: str) -> int | None:

@@ -1,12 +1,16 @@
-"""Loading local model folders: the quantized build takes what transformers can read."""
+"""Loading local model folders: the quantized build takes what transformers can read, and
+the sampling defaults their generation_config.json gives."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from inference.loading.assemble import ModelChoice, load_model
+from bench.qwen_shape import FIXTURE_ENV, fixture_dir
+from inference.loading.assemble import ModelChoice, load_model, sampling_defaults
 from inference.runtime.jobs import Sampling
 from service.config import load_config
 
@@ -42,3 +46,72 @@ def test_a_bin_only_folder_loads_and_generates(bin_only_folder, quantize):
     ids = prompts.encode([{"role": "user", "content": "hi"}])
     result = engine.run(ids, Sampling(max_tokens=4), lambda _: None, lambda: False)
     assert result.completion_tokens >= 1
+
+
+# -- sampling defaults from generation_config.json -------------------------------------------
+
+QWEN_GENERATION = {  # Qwen2.5-0.5B-Instruct's, as in ../shared/fixtures/qwen2.5-0.5b-instruct
+    "bos_token_id": 151643,
+    "pad_token_id": 151643,
+    "eos_token_id": [151645, 151643],
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+    "repetition_penalty": 1.1,
+}
+QWEN_DEFAULTS = {
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+    "min_p": 0.0,
+    "repetition_penalty": 1.1,
+}
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def folder_with(tmp_path, generation: dict | str):
+    text = generation if isinstance(generation, str) else json.dumps(generation)
+    (tmp_path / "generation_config.json").write_text(text)
+    return tmp_path
+
+
+def test_the_models_generation_config_gives_the_defaults(tmp_path):
+    defaults = sampling_defaults(folder_with(tmp_path, QWEN_GENERATION), "model")
+    assert defaults.values() == QWEN_DEFAULTS and defaults.source == "generation_config.json"
+    greedy = sampling_defaults(tmp_path, "greedy")  # --sampling-defaults greedy
+    assert greedy.values() == GREEDY and "greedy" in greedy.source
+
+
+def test_qwens_own_file_gives_its_defaults():
+    fixture = fixture_dir()
+    if not (fixture / "generation_config.json").is_file():
+        pytest.skip(f"no Qwen fixture at {fixture} (set {FIXTURE_ENV})")
+    assert sampling_defaults(fixture, "model").values() == QWEN_DEFAULTS
+
+
+def test_the_embedded_model_has_no_sampling_defaults_so_greedy(embedded_dir):
+    defaults = sampling_defaults(embedded_dir, "model")
+    assert defaults.values() == GREEDY and "greedy" in defaults.source
+
+
+@pytest.mark.parametrize(
+    "generation, expected",
+    [
+        ({"do_sample": False, "temperature": 0.7, "repetition_penalty": 1.2}, {"rep": 1.2}),
+        ({"temperature": 0.6, "top_k": -1, "min_p": 0.05}, {"t": 0.6, "min_p": 0.05}),
+        ({"temperature": 9, "top_p": 0, "repetition_penalty": 0, "top_k": 2.5}, {}),
+        ({"temperature": "hot", "top_p": True}, {}),
+        ([1, 2], {}),
+        ("{not json", {}),
+    ],
+    ids=["do_sample false", "top_k off", "out of range", "wrong types", "not an object", "bad"],
+)
+def test_what_is_not_a_valid_default_is_left_out(tmp_path, generation, expected):
+    names = {"t": "temperature", "rep": "repetition_penalty", "min_p": "min_p"}
+    want = {**GREEDY, **{names[k]: v for k, v in expected.items()}}
+    assert sampling_defaults(folder_with(tmp_path, generation), "model").values() == want
+
+
+def test_no_generation_config_is_greedy(tmp_path):
+    assert sampling_defaults(tmp_path, "model").values() == GREEDY

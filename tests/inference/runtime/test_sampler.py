@@ -75,3 +75,105 @@ def test_nan_logits_are_refused_not_sampled():
         sampler.pick(logits, 0.8, 0.9)
     with pytest.raises(ValueError, match="all zero"):
         sampler.draw(torch.zeros(4))
+
+
+# -- top_k, min_p and penalties against transformers' own processors -------------------------
+
+
+def hf_probs(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """The distribution transformers' generate() samples from, warpers in its order."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = logits[None].clone()
+    warpers = [TemperatureLogitsWarper(temperature)]
+    warpers += [TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [TopPLogitsWarper(top_p)] if top_p < 1 else []
+    warpers += [MinPLogitsWarper(min_p)] if min_p else []
+    for warper in warpers:
+        scores = warper(None, scores)
+    return torch.softmax(scores, dim=-1)[0]
+
+
+def our_probs(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    weights, tokens = sampler.candidates(logits, temperature, top_p, top_k, min_p)
+    probs = torch.zeros_like(logits)
+    probs[tokens if tokens is not None else torch.arange(logits.numel())] = weights
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, min_p",
+    [
+        (0.7, 20, 0.8, 0.0),  # Qwen2.5's generation_config.json
+        (1.0, 50, 1.0, 0.0),
+        (0.8, 0, 1.0, 0.05),
+        (1.3, 0, 0.95, 0.1),
+        (0.7, 40, 0.9, 0.2),
+        (1.0, 2000, 0.99, 0.0),  # top_k past TOP_CANDIDATES
+    ],
+)
+@pytest.mark.parametrize("spread", [0.5, 3.0])
+def test_candidates_are_what_transformers_samples_from(temperature, top_k, top_p, min_p, spread):
+    logits = torch.randn(32_000, generator=torch.Generator().manual_seed(5)) * spread
+    ours = our_probs(logits, temperature, top_k, top_p, min_p)
+    theirs = hf_probs(logits, temperature, top_k, top_p, min_p)
+    assert torch.equal(ours > 0, theirs > 0)  # the same candidates
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_top_k_and_min_p_draw_only_their_candidates():
+    logits = torch.tensor([5.0, 4.0, 3.0, 0.0, -1.0])
+    gen = torch.Generator().manual_seed(0)
+    assert {sampler.pick(logits, 1.0, 1.0, gen, top_k=2) for _ in range(300)} == {0, 1}
+    # min_p 0.1: p / p_max >= 0.1 keeps logits within ln(10) = 2.3 of the best
+    assert {sampler.pick(logits, 1.0, 1.0, gen, min_p=0.1) for _ in range(300)} == {0, 1, 2}
+    assert {sampler.pick(logits, 1.0, 1.0, gen, top_k=1) for _ in range(20)} == {0}
+
+
+def hf_repetition(logits, seen: list[int], penalty: float) -> torch.Tensor:
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    return RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([seen]), logits[None].clone())[0]
+
+
+def test_penalties_follow_transformers_and_openai():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(2)) * 3
+    prompt, answer = [5, 9, 9, 700], [9, 31, 31, 31, 700, 2]
+    penalties = sampler.Penalties(prompt, repetition=1.3, frequency=0.4, presence=0.25)
+    for token in answer:
+        penalties.add(token)
+    ours = logits.clone()
+    penalties.apply_(ours)
+    expected = hf_repetition(logits, prompt + answer, 1.3)  # prompt and answer tokens
+    counts = {t: answer.count(t) for t in answer}  # OpenAI's: the answer's tokens only
+    for token, count in counts.items():
+        expected[token] -= count * 0.4 + 0.25
+    assert torch.allclose(ours, expected)
+    untouched = torch.ones(1000, dtype=torch.bool)
+    untouched[prompt + answer] = False
+    assert torch.equal(ours[untouched], logits[untouched])
+
+
+def test_no_penalty_means_no_penalties_object():
+    from inference.runtime.jobs import Sampling
+
+    assert sampler.Penalties.of([1, 2], Sampling(max_tokens=1)) is None
+    assert sampler.Penalties.of([1, 2], Sampling(max_tokens=1, presence_penalty=-0.5))
+
+
+def test_logprobs_are_the_log_softmax_sorted_and_finite():
+    scores = torch.randn(500, generator=torch.Generator().manual_seed(4))
+    scores[7] = float("-inf")  # a token a grammar forbids
+    chosen, top = sampler.logprobs(scores, 3, 5)
+    reference = torch.log_softmax(scores.double(), dim=-1)
+    assert chosen == pytest.approx(float(reference[3]), abs=1e-5)
+    assert [i for i, _ in top] == reference.topk(5).indices.tolist()
+    assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+    assert sampler.logprobs(scores, 7, 0) == (sampler.NO_CHANCE, [])
+    _, everything = sampler.logprobs(scores, 3, 500)
+    assert len(everything) == 499 and 7 not in [i for i, _ in everything]  # never listed

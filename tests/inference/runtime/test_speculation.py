@@ -12,12 +12,10 @@ import time
 import pytest
 
 from inference.runtime import speculation
-from inference.runtime.engine import Engine
 from inference.runtime.jobs import Done, Failed, Job, Sampling
 from inference.runtime.speculation import PromptLookup
-from service.config import load_config
 from service.errors import Cancelled, Timeout
-from tests.support.engines import batched
+from tests.support.engines import answer, encode, side_by_side
 from tests.support.fakes import terminal_events
 from tests.support.schemas import TICKET
 
@@ -94,32 +92,6 @@ OPEN = "Write a haiku about autumn."
 GREEDY = Sampling(max_tokens=96)
 
 
-@pytest.fixture(scope="module")
-def engines(embedded_dir):
-    """(speculating engine, plain engine on the same weights, prompt builder)."""
-    from inference.loading.assemble import ModelChoice, load_model
-
-    config = dataclasses.replace(load_config([], {}), quantize="int8-row")
-    assert config.speculate  # the shipped default
-    engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
-    assert engine.speculate
-    plain = Engine(
-        engine.model, engine.tokenizer, engine.name, engine.context_tokens, engine.eos_ids
-    )
-    assert not plain.speculate
-    return engine, plain, prompts
-
-
-def encode(prompts, question: str) -> list[int]:
-    return prompts.encode([{"role": "user", "content": question}])
-
-
-def answer(engine, prompt_ids, sampling) -> tuple[str, object]:
-    parts: list[str] = []
-    result = engine.run(prompt_ids, sampling, parts.append, lambda: False)
-    return "".join(parts), result
-
-
 def test_greedy_answers_are_the_same_with_and_without_drafts(engines):
     engine, plain, prompts = engines
     drafted = accepted = 0
@@ -157,7 +129,62 @@ def test_answers_are_the_same_with_drafts_beside_other_streams(engines):
     engine, plain, prompts = engines
     jobs = [encode(prompts, q) for q in [*GROUNDED, OPEN]]
     expected = [answer(plain, ids, GREEDY)[0] for ids in jobs]
-    assert batched(engine, [(ids, GREEDY) for ids in jobs]) == expected
+    together = side_by_side(engine, [(ids, GREEDY) for ids in jobs])
+    assert [text for text, _ in together] == expected
+
+
+# Penalties depend on every token before: what a drafted row sees must be what a step of its
+# own saw. Greedy and seeded-sampled, with logprobs (they are compared too).
+PENALISED = [
+    Sampling(
+        max_tokens=64,
+        repetition_penalty=1.2,
+        frequency_penalty=0.4,
+        presence_penalty=0.2,
+        logprobs=True,
+        top_logprobs=3,
+    ),
+    Sampling(
+        max_tokens=64,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        seed=5,
+        logprobs=True,
+        top_logprobs=2,
+    ),
+]
+
+
+@pytest.mark.slow  # 273 s for both on the 2-core machine (measured)
+def test_penalised_answers_and_logprobs_are_the_same_with_and_without_drafts(engines):
+    engine, plain, prompts = engines
+    accepted = 0
+    for sampling in PENALISED:
+        for question in [GROUNDED[0], GROUNDED[2], OPEN]:
+            ids = encode(prompts, question)
+            before = engine.accepted_tokens
+            [fast] = side_by_side(engine, [(ids, sampling)])
+            accepted += engine.accepted_tokens - before
+            [slow] = side_by_side(plain, [(ids, sampling)])
+            assert fast == slow, (question, sampling)
+            assert len(fast[1]) > 8  # an answer, with an entry per token
+    assert accepted > 0  # drafts were taken under penalties: the test saw verified rows
+
+
+@pytest.mark.slow  # 273 s for both on the 2-core machine (measured)
+def test_penalised_answers_are_the_same_alone_and_side_by_side(engines):
+    engine, plain, prompts = engines
+    jobs = [
+        (encode(prompts, question), sampling)
+        for question, sampling in zip(
+            [GROUNDED[0], GROUNDED[2], OPEN, GROUNDED[1]], PENALISED * 2, strict=True
+        )
+    ]
+    alone = [side_by_side(plain, [job])[0] for job in jobs]
+    assert side_by_side(engine, jobs) == alone
 
 
 def test_seeded_sampling_gives_the_same_text_with_and_without_drafts(engines):

@@ -50,3 +50,22 @@ def test_long_mixed_text_streams_exactly(tokenizer):
     text = " ".join(f"第{i}行: naïve café {i} 🙂 — déjà vu." for i in range(60))
     pieces, _ = feed(tokenizer, text)
     assert "".join(pieces) == text
+
+
+def test_token_pieces_spell_the_true_bytes(tokenizer):
+    """Logprob entries: each token's bytes add up to the text, characters split across
+    tokens included, and a token that holds a piece of a character says so."""
+    from inference.runtime.detokenize import TokenPieces
+
+    pieces = TokenPieces(tokenizer)
+    ids = tokenizer.encode(SAMPLE, add_special_tokens=False)
+    spelled = [pieces.piece(i) for i in ids]
+    assert b"".join(bytes(raw) for _, raw in spelled) == SAMPLE.encode()
+    partial = [(text, raw) for text, raw in spelled if text.startswith("bytes:")]
+    assert partial, "the sample has characters split across tokens"
+    for text, raw in spelled:
+        if (text, raw) in partial:
+            assert text == "bytes:" + "".join(f"\\x{b:02x}" for b in raw)  # as OpenAI writes
+        else:
+            assert bytes(raw).decode() == text
+    assert pieces.piece(tokenizer.eos_token_id)[1] == ()  # left out of answers: no bytes

@@ -14,8 +14,8 @@ from inference.runtime import tools
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.jobs import Delta, Sampling
 from inference.runtime.tools import CallArguments, CallEnd, CallStart, Function, ToolUse
-from tests.inference.runtime.test_speculation import answer, engines  # noqa: F401 - fixture
 from tests.support import schemas
+from tests.support.engines import answer
 
 pytestmark = pytest.mark.slow  # a model load and eight answers: about two minutes here
 
