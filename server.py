@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from inference.host import cpu
+from inference.host import cpu, heap
 from inference.host.process import Pinning, apply_gc_policy, lock_memory, name_this_thread
 from inference.host.threads import governor_for
 from inference.loading.assemble import (
@@ -178,14 +178,21 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         config.batch_memory_mb * 1024 * 1024,
         pace=governor.tick if governor is not None else None,
     )
-    prompts = None
+    prompts = grammars = None
+
+    def build_grammars(tokenizer, vocab_size: int) -> None:
+        """The grammar tables, built before the weights load (their build peaks at about
+        twice what they keep) and not under the first JSON request's lock (2 s on Qwen)."""
+        nonlocal grammars
+        grammars = SchemaCompiler(lambda use: use(tokenizer), vocab_size)  # no handler yet
+        grammars.warm()
 
     def load():  # runs in the inference thread: the model is built where it will run
         nonlocal prompts
         name_this_thread()  # torch's OpenMP threads, started from here, inherit the name
         if pinning:
             pinning.pin_inference()  # ... and this CPU mask
-        engine, prompts = load_model(choice, config, status)
+        engine, prompts = load_model(choice, config, status, build_grammars)
         return engine
 
     def abandon() -> None:
@@ -212,8 +219,8 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.decode_step = engine.decode_step
     runtime.defaults = sampling_defaults(choice.path, config.sampling_defaults)
-    runtime.grammars = SchemaCompiler(prompts.with_tokenizer, engine.vocab_size)
-    runtime.grammars.warm()  # now, not under the first JSON request's lock (about 2 s on Qwen)
+    runtime.grammars = grammars
+    heap.trim()  # the warm-up's activations and the load's leftovers
     runtime.worker = worker  # last: from here on /chat and /health serve
     status(f"ready: serving {engine.name}")
     notifier.send("READY=1")

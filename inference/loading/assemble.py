@@ -195,12 +195,14 @@ def sampling_defaults(folder: Path, policy: str) -> SamplingDefaults:
     return defaults
 
 
-def load_model(choice: ModelChoice, config: Config, status: Status):
+def load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer=None):
     """Load the tokenizer (one, shared by handlers and worker) and the model from the chosen
-    folder; returns (Engine, PromptBuilder). Whatever keeps the folder from loading is a
-    ModelLoadError of one line."""
+    folder; returns (Engine, PromptBuilder). `on_tokenizer(tokenizer, vocab_size)` runs
+    between the two: what is built from the tokenizer alone (the grammar tables) peaks
+    before the weights are in memory, not on top of them. Whatever keeps the folder from
+    loading is a ModelLoadError of one line."""
     try:
-        return _load_model(choice, config, status)
+        return _load_model(choice, config, status, on_tokenizer)
     except (ModelLoadError, CpuUnsupported):
         raise
     except Exception as exc:  # transformers, safetensors and torch each raise their own
@@ -224,11 +226,11 @@ def native_step(config: Config):
     return library.load(cpu.choose(cpu.detect()).isa, Path(config.cache_dir) / "native")
 
 
-def _load_model(choice: ModelChoice, config: Config, status: Status):
+def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from inference.host import cpu
+    from inference.host import cpu, heap
     from inference.loading.checkpoint import compute_dtype, load_quantized
     from inference.quant.smooth import CALIBRATION_TEXT
     from inference.runtime.engine import Engine
@@ -251,6 +253,9 @@ def _load_model(choice: ModelChoice, config: Config, status: Status):
         )
     read_only(tokenizer)
     shed_build_copies(tokenizer)
+    if on_tokenizer is not None:
+        on_tokenizer(tokenizer, AutoConfig.from_pretrained(choice.path).vocab_size)
+        heap.trim()  # what it built and freed goes back before the weights come
     if quantize == "none":
         dtype = compute_dtype(quantize, config.dtype)
         model = AutoModelForCausalLM.from_pretrained(choice.path, dtype=dtype)
