@@ -115,6 +115,9 @@ class Decoder:
         self.eps = float(body.norm.variance_epsilon) if self.fused_norms else 0.0
         self.intermediate = self._fused[0].gate_up_sizes[0] if self._fused else 0
         self._native = self._native_model()
+        # Keys and values: float16 where the native step runs (it converts them exactly, in
+        # and out, and reads half the bytes per attended position), else the compute dtype.
+        self.kv_dtype = torch.float16 if self._native is not None else self.dtype
 
     @property
     def native(self) -> str | None:
@@ -162,11 +165,13 @@ class Decoder:
         return all(isinstance(p, (RowInt8Linear, FusedPart)) for p in projections)
 
     def new_cache(self, capacity: int) -> SequenceCache:
-        return SequenceCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype)
+        return SequenceCache(
+            len(self.layers), self.kv_heads, self.head_dim, capacity, self.kv_dtype
+        )
 
     def bytes_per_token(self) -> int:
         return SequenceCache.bytes_per_token(
-            len(self.layers), self.kv_heads, self.head_dim, self.dtype
+            len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype
         )
 
     @torch.inference_mode()

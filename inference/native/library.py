@@ -20,7 +20,7 @@ from inference.native import build
 
 log = logging.getLogger("deskchat.native")
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the cache holds float16
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
@@ -33,6 +33,7 @@ _SIGNATURES = {
     "dc_head_set": (None, [_P, _P, _P]),
     "dc_forward": (_I, [_P, _I, _P, _P, _P, _P, _I, _P, _P, _I]),
     "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
+    "dc_half": (None, [_P, _I, _P, _P]),
 }
 
 
@@ -61,6 +62,13 @@ class Library:
         if code:
             raise MemoryError("native Linear: out of memory")
         return y
+
+    def half(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's conversions: float32 x [n] (n a multiple of 8) as float16, and back."""
+        x = x.contiguous()
+        half, back = torch.empty(len(x), dtype=torch.float16), torch.empty(len(x))
+        self.dll.dc_half(x.data_ptr(), len(x), half.data_ptr(), back.data_ptr())
+        return half, back
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -26,7 +26,7 @@
 #include <immintrin.h>
 #endif
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2 /* 2: the cache holds float16 */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
 #define ROWS 4  /* activation rows per weight load */
@@ -39,6 +39,43 @@ static inline v8f pick(v8i mask, v8f a, v8f b) { return (v8f)(((v8i)a & mask) | 
 static inline v8f vmax(v8f a, v8f b) { return pick(a > b, a, b); }
 static inline v8f vmin(v8f a, v8f b) { return pick(a < b, a, b); }
 static inline v8f vabs(v8f a) { return (v8f)((v8i)a & 0x7fffffff); }
+
+/* ---------------------------------------------------------------- float16 keys and values
+ * Both conversions are exact IEEE ones (F. Giesen's), the same bits on every build: float to
+ * half rounds to nearest even, as F16C's vcvtps2ph does; half to float is exact, by F16C
+ * where the build has it. */
+
+static uint16_t to_half(float value) {
+    union { float f; uint32_t u; } f = {value}, magic = {.u = ((127 - 15) + (23 - 10) + 1) << 23};
+    uint32_t sign = f.u & 0x80000000u, out;
+    f.u ^= sign;
+    if (f.u >= (uint32_t)(127 + 16) << 23) {
+        out = f.u > 255u << 23 ? 0x7e00 : 0x7c00; /* NaN stays NaN, too large is inf */
+    } else if (f.u < 113u << 23) {             /* a subnormal half, or zero */
+        f.f += magic.f;
+        out = f.u - magic.u;
+    } else {
+        uint32_t odd = (f.u >> 13) & 1;
+        f.u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        out = f.u >> 13;
+    }
+    return (uint16_t)(out | sign >> 16);
+}
+
+static inline v8f from_half8(const uint16_t *h) {
+#if defined(__F16C__)
+    return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+#else
+    v8i in = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+    v8i u = (in & 0x7fff) << 13, exp = u & (0x7c00 << 13);
+    u += (127 - 15) << 23;
+    u += (exp == (0x7c00 << 13)) & ((128 - 16) << 23); /* inf and NaN */
+    v8i small = exp == 0;                                /* zero and subnormals */
+    v8f f = (v8f)(u + (small & (1 << 23)));
+    f = pick(small, f - 0x1p-14f, f); /* 2^-14: the subnormal's own value */
+    return (v8f)((v8i)f | ((in & 0x8000) << 16));
+#endif
+}
 
 /* ---------------------------------------------------------------- the model */
 
@@ -404,7 +441,7 @@ typedef struct {
     int rows;
     float *hidden; /* [rows, hidden] */
     const int32_t *pos;
-    float *const *cache; /* per row: its sequence's [layers, 2, kv_heads, alloc, head_dim] */
+    uint16_t *const *cache; /* per row: its sequence's [layers, 2, kv_heads, alloc, head_dim] */
     const int32_t *alloc;
     int layer;
     const float *norm; /* the norm pass's weight */
@@ -427,7 +464,7 @@ static void norm_rows(void *ctx, int begin, int end, int thread) {
     }
 }
 
-static float *kv_at(const Step *s, int r, int which, int kv_head, int position) {
+static uint16_t *kv_at(const Step *s, int r, int which, int kv_head, int position) {
     const Model *m = s->m;
     size_t alloc = (size_t)s->alloc[r], d = (size_t)m->head_dim;
     size_t offset = (((size_t)s->layer * 2 + which) * m->kv_heads + kv_head) * alloc * d;
@@ -451,9 +488,12 @@ static void rope_and_store(void *ctx, int begin, int end, int thread) {
         const float *cos = m->cos + (size_t)s->pos[r] * d, *sin = m->sin + (size_t)s->pos[r] * d;
         for (int h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * d, cos, sin, d);
         for (int h = 0; h < m->kv_heads; h++) {
-            memcpy(kv_at(s, r, 0, h, s->pos[r]), row + (m->heads + h) * d, d * sizeof(float));
-            memcpy(kv_at(s, r, 1, h, s->pos[r]), row + (m->heads + m->kv_heads + h) * d,
-                   d * sizeof(float));
+            uint16_t *k = kv_at(s, r, 0, h, s->pos[r]), *v = kv_at(s, r, 1, h, s->pos[r]);
+            const float *kf = row + (m->heads + h) * d, *vf = kf + m->kv_heads * d;
+            for (int i = 0; i < d; i++) {
+                k[i] = to_half(kf[i]);
+                v[i] = to_half(vf[i]);
+            }
         }
     }
 }
@@ -473,13 +513,13 @@ static inline v8f lane_sums(const v8f *a) {
 }
 
 /* q . k for keys j0 .. j0 + count - 1 (count <= 8; the other lanes 0), d <= 256 */
-static v8f scores8(const float *q, const float *keys, int count, int d) {
+static v8f scores8(const float *q, const uint16_t *keys, int count, int d) {
     v8f acc[8];
     for (int t = 0; t < 8; t++) acc[t] = (v8f){0};
     for (int t = 0; t < count; t++) {
-        const float *k = keys + (size_t)t * d;
-        v8f a = *(const v8f *)q * *(const v8f *)k;
-        for (int i = 8; i < d; i += 8) a += *(const v8f *)(q + i) * *(const v8f *)(k + i);
+        const uint16_t *k = keys + (size_t)t * d;
+        v8f a = *(const v8f *)q * from_half8(k);
+        for (int i = 8; i < d; i += 8) a += *(const v8f *)(q + i) * from_half8(k + i);
         acc[t] = a;
     }
     return lane_sums(acc);
@@ -498,7 +538,7 @@ static void attend(void *ctx, int begin, int end, int thread) {
     for (int item = begin; item < end; item++) {
         int r = item / m->kv_heads, g = item % m->kv_heads, n = s->pos[r] + 1;
         const float *q = s->qkv + (size_t)r * width + (size_t)g * group * d;
-        const float *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
+        const uint16_t *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
         float total[group];
         for (int h = 0; h < group; h++) {
             float *sc_h = scores + (size_t)h * s->stride;
@@ -524,10 +564,11 @@ static void attend(void *ctx, int begin, int end, int thread) {
         v8f out[group][d / 8];
         memset(out, 0, sizeof out);
         for (int j = 0; j < n; j++) {
-            const float *v = values + (size_t)j * d;
+            v8f v[d / 8];
+            for (int i = 0; i < d / 8; i++) v[i] = from_half8(values + (size_t)j * d + 8 * i);
             for (int h = 0; h < group; h++) {
                 float p = scores[(size_t)h * s->stride + j];
-                for (int i = 0; i < d / 8; i++) out[h][i] += p * *(const v8f *)(v + 8 * i);
+                for (int i = 0; i < d / 8; i++) out[h][i] += p * v[i];
             }
         }
         for (int h = 0; h < group; h++) {
@@ -563,7 +604,7 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
  * (room for alloc[r] positions), which must already hold its positions before pos[r]:
  * the rows of one sequence come in order. Returns 0, -1 when memory ran out, -2 for a
  * position past the rotary table. */
-int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, float *const *cache,
+int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *const *cache,
                const int32_t *alloc, int n_out, const int32_t *out, float *logits,
                int threads) {
     if (threads < 1) threads = 1;
@@ -647,4 +688,14 @@ int dc_linear(const int8_t *q, const float *scale, const float *bias, int n, int
     free(xq);
     free(xs);
     return 0;
+}
+
+/* The cache's conversions alone, for the tests: x [n] to float16 bits and those back (n a
+ * multiple of 8). */
+void dc_half(const float *x, int n, uint16_t *half, float *back) {
+    for (int i = 0; i < n; i++) half[i] = to_half(x[i]);
+    for (int i = 0; i < n; i += 8) {
+        v8f f = from_half8(half + i);
+        memcpy(back + i, &f, sizeof f);
+    }
 }

@@ -74,6 +74,26 @@ def test_linear_is_the_exact_integer_product(any_library, rows):
     assert torch.equal(top, torch.full((1, 8), -127.0 * 127 * 96 * (5 / 127)))
 
 
+def test_the_caches_float16_is_torchs_both_ways(any_library):
+    """Keys and values are kept as float16: rounded to nearest even (ties, subnormals, the
+    largest half, overflow to inf, NaN) as torch rounds, and read back exactly, on every
+    build (the F16C one and the plain one alike)."""
+    special = [0.0, -0.0, 1.0, -2.5, 65504.0, 65519.0, 65520.0, -1e6, 6e-8, 3e-8, 2.98e-8]
+    special += [1e-5, -6.1e-5, 6.1035e-5, 1 + 2**-11, 1 + 3 * 2**-11, 2049.0, 2051.0, 1e-40]
+    special += [float("inf"), float("-inf")]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([
+        torch.tensor(special), torch.randn(4096, generator=gen) * 100,
+        torch.randn(1024, generator=gen) * 1e-5,
+    ])  # fmt: skip
+    x = torch.cat([x, torch.zeros(-len(x) % 8)])
+    half, back = any_library.half(x)
+    assert torch.equal(half.view(torch.int16), x.half().view(torch.int16))
+    assert torch.equal(back, half.float())
+    nan, _ = any_library.half(torch.full((8,), float("nan")))
+    assert nan.isnan().all()
+
+
 @pytest.fixture(scope="module")
 def tokenizer(embedded_dir):
     from transformers import AutoTokenizer
