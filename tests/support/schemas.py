@@ -1,6 +1,7 @@
 """JSON schemas the tests ask the real model to follow, shared by the files that send them."""
 
 NAME = {"type": "string", "maxLength": 40}
+QUANTITY = {"type": "integer", "minimum": 1, "maximum": 1000}
 PERSON = {
     "type": "object",
     "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
@@ -42,7 +43,10 @@ ORDER = {
             "maxItems": 4,
             "items": {
                 "type": "object",
-                "properties": {"product": NAME, "quantity": {"type": "integer", "minimum": 1}},
+                # Bounded, as every field here: max_tokens then covers the longest answer
+                # the schema allows, and "stop" is owed whatever the model picks (unbounded,
+                # the embedded model wrote 10000... to the end of 1,024 tokens).
+                "properties": {"product": NAME, "quantity": QUANTITY},
                 "required": ["product", "quantity"],
                 "additionalProperties": False,
             },
