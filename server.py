@@ -185,7 +185,13 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         twice what they keep) and not under the first JSON request's lock (2 s on Qwen)."""
         nonlocal grammars
         grammars = SchemaCompiler(lambda use: use(tokenizer), vocab_size)  # no handler yet
-        grammars.warm()
+        try:
+            grammars.warm()
+        except Exception as exc:  # llguidance's own: not the model folder's fault
+            raise ModelLoadError(
+                f"cannot build the JSON-schema tables from {choice.path}'s tokenizer "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+            ) from None
 
     def load():  # runs in the inference thread: the model is built where it will run
         nonlocal prompts

@@ -13,6 +13,7 @@ import itertools
 import json
 import queue
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -162,25 +163,36 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
 def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
     """The events with the answer's text read for tool calls: Deltas of the text outside
     them, the call pieces, and a Done whose finish_reason is "tool_calls" when the answer
-    stopped after calling. Logprob entries go with the text outside calls, as OpenAI's
-    `content` logprobs do: a token the reader holds back goes with the text it lets out
-    next, and the tokens of a call (its tags included) are left out."""
+    stopped after calling. Logprob entries go with the text before the first call, as
+    OpenAI's `content` logprobs do, by bytes: a text Delta takes the entries of the tokens
+    that begin within the text let out so far (a token holding both text and a tag's start
+    goes with the text). From the first call on, entries are left out: the call's tokens,
+    its tags included, and any text after it (one event may carry several tokens, drafted
+    ones, across the tag)."""
     reader = CallReader()
-    pending: list[TokenLogprob] = []
+    pending: deque[TokenLogprob] = deque()
+    let_out = given = 0  # bytes of text let out, and of the entries given with it
+    calling = False
     for event in relayed:
         if isinstance(event, Failed):
             yield event
             continue
         if isinstance(event, Delta):
-            pending.extend(event.logprobs)
+            if not calling:
+                pending.extend(event.logprobs)
             pieces = reader.feed(event.text)
         else:
             pieces = reader.finish()
         for piece in pieces:
             if isinstance(piece, Delta):
-                piece = replace(piece, logprobs=tuple(pending))
-                pending.clear()
+                let_out += len(piece.text.encode())
+                entries = []
+                while pending and given < let_out:
+                    entries.append(pending.popleft())
+                    given += len(entries[-1].bytes)
+                piece = replace(piece, logprobs=tuple(entries))
             elif isinstance(piece, CallStart):
+                calling = True
                 pending.clear()
             yield piece
         if isinstance(event, Done):

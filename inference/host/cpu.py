@@ -39,6 +39,7 @@ CPUID_NAMES = {
     "SSE42": "sse4_2",
     "AVX": "avx",
     "FMA3": "fma",
+    "F16C": "f16c",
     "AVX2": "avx2",
     "AVX512F": "avx512f",
     "AVX512BW": "avx512bw",

@@ -221,9 +221,11 @@ def native_step(config: Config):
     if not config.native:
         return None
     from inference.host import cpu
-    from inference.native import library
+    from inference.native import build, library
 
-    return library.load(cpu.choose(cpu.detect()).isa, Path(config.cache_dir) / "native")
+    facts = cpu.detect()
+    isa = build.for_cpu(cpu.choose(facts).isa, facts.flags)
+    return library.load(isa, Path(config.cache_dir) / "native")
 
 
 def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer):

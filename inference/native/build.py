@@ -49,6 +49,15 @@ def level(isa: str) -> str:
     return isa if isa in ISA_FLAGS else "older"
 
 
+def for_cpu(isa: str, flags: frozenset[str]) -> str:
+    """The generation to build and load for a CPU of generation `isa` with these flags: the
+    avx2 build converts the float16 KV cache with F16C, so an AVX2 CPU (or VM) that hides
+    f16c takes the avx build."""
+    if level(isa) == "avx2" and "f16c" not in flags:
+        return "avx"
+    return isa
+
+
 def library_dir() -> Path:
     """DESKCHAT_NATIVE_DIR, else a folder of the venv (where `make install` puts it)."""
     return Path(os.environ.get("DESKCHAT_NATIVE_DIR") or Path(sys.prefix) / "deskchat-native")
@@ -127,8 +136,9 @@ def this_cpu() -> str:
     try:
         facts = cpu.detect()
     except ImportError:  # an install without torch yet: the kernel's flags alone
-        return cpu.isa_level(cpu.proc_flags() or frozenset())
-    return cpu.isa_level(facts.flags, facts.capability)
+        flags = cpu.proc_flags() or frozenset()
+        return for_cpu(cpu.isa_level(flags), flags)
+    return for_cpu(cpu.isa_level(facts.flags, facts.capability), facts.flags)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,8 @@ class Library:
 
     def half(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache's conversions: float32 x [n] (n a multiple of 8) as float16, and back."""
+        if x.dtype != torch.float32 or x.dim() != 1 or len(x) % 8:
+            raise ValueError("float32 values, a multiple of 8 of them")
         x = x.contiguous()
         half, back = torch.empty(len(x), dtype=torch.float16), torch.empty(len(x))
         self.dll.dc_half(x.data_ptr(), len(x), half.data_ptr(), back.data_ptr())

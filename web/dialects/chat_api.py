@@ -7,7 +7,7 @@ Body: `message` or `messages`, and optionally `system`, `max_tokens`, `stream`, 
 `top_k`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`, `seed`,
 `logprobs`, `top_logprobs`: validation.SAMPLING_FIELDS). Calls come back whole, arguments as
 JSON objects. With `logprobs`, the answer and each stream event carry a `logprobs` list of
-OpenAI's entries, for the text outside calls. Errors: {"error": {"message", "type", "code":
+OpenAI's entries, for the text before any call. Errors: {"error": {"message", "type", "code":
 <status>}}.
 """
 

@@ -74,6 +74,17 @@ def test_linear_is_the_exact_integer_product(any_library, rows):
     assert torch.equal(top, torch.full((1, 8), -127.0 * 127 * 96 * (5 / 127)))
 
 
+def test_an_avx2_cpu_that_hides_f16c_gets_the_avx_build():
+    """The avx2 build reads the cache with F16C's vcvtph2ps: a CPU or VM without it would
+    die of SIGILL on the first step."""
+    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+    assert build.for_cpu("avx2", avx2 | {"f16c"}) == "avx2"
+    assert build.for_cpu("avx512", avx2 | {"f16c", "avx512f"}) == "avx512"
+    assert build.for_cpu("avx2", avx2) == "avx"
+    assert build.for_cpu("avx512", avx2 | {"avx512f"}) == "avx"
+    assert build.for_cpu("sse4.2", frozenset({"sse4_2"})) == "sse4.2"
+
+
 def test_the_caches_float16_is_torchs_both_ways(any_library):
     """Keys and values are kept as float16: rounded to nearest even (ties, subnormals, the
     largest half, overflow to inf, NaN) as torch rounds, and read back exactly, on every
