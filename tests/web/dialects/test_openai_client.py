@@ -106,13 +106,22 @@ def test_wrong_key_raises_authentication_error(server):
 
 def test_full_queue_is_answered_by_the_clients_own_retry(server):
     api = client(server)
-    count = [{"role": "user", "content": "Count from one to five hundred in words."}]
+    count = [{"role": "user", "content": "Count from one to a thousand."}]
+    # A list of at least 1,000 numbers cannot end within 1,000 tokens, whatever the model
+    # would rather say (asked in words, the native step's greedy answer was 15 tokens).
+    endless = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+    response_format = {"type": "json_schema", "json_schema": {"name": "n", "schema": endless}}
     batch = health(server)["batch"]["capacity"]
     long_streams = []
     for _ in range(batch):  # the whole batch runs, and runs until we hang up
         long_streams.append(
             api.chat.completions.create(
-                model="m", messages=count, temperature=0, max_tokens=1000, stream=True
+                model="m",
+                messages=count,
+                temperature=0,
+                max_tokens=1000,
+                response_format=response_format,
+                stream=True,
             )
         )
         next(iter(long_streams[-1]))
