@@ -172,13 +172,12 @@ def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
     reader = CallReader()
     pending: deque[TokenLogprob] = deque()
     let_out = given = 0  # bytes of text let out, and of the entries given with it
-    calling = False
     for event in relayed:
         if isinstance(event, Failed):
             yield event
             continue
         if isinstance(event, Delta):
-            if not calling:
+            if not reader.calls:  # no call yet: entries still go with text
                 pending.extend(event.logprobs)
             pieces = reader.feed(event.text)
         else:
@@ -192,7 +191,6 @@ def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
                     given += len(entries[-1].bytes)
                 piece = replace(piece, logprobs=tuple(entries))
             elif isinstance(piece, CallStart):
-                calling = True
                 pending.clear()
             yield piece
         if isinstance(event, Done):

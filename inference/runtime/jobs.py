@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from service.errors import ServiceError
@@ -56,13 +56,8 @@ class SamplingDefaults:
     source: str = "greedy"
 
     def values(self) -> dict:
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
-        }
+        """The defaults themselves, without `source`."""
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
     def fill(self, **asked) -> dict:
         """The asked values, each None replaced by its default."""

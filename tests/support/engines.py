@@ -35,29 +35,15 @@ def answer(engine, prompt_ids, sampling) -> tuple[str, object]:
     return "".join(parts), result
 
 
-def side_by_side(engine, jobs: list[tuple[list[int], object]]) -> list[tuple[str, tuple]]:
-    """Open every (prompt ids, sampling) job at once and step them together to their ends:
-    each one's text and logprob entries, in job order (one job: the answer alone)."""
-    streams = {i: engine.open(ids, sampling) for i, (ids, sampling) in enumerate(jobs)}
-    texts, entries = ["" for _ in jobs], [() for _ in jobs]
-    while streams:
-        engine.step(list(streams.values()))
-        for i, stream in list(streams.items()):
-            assert stream.error is None, stream.error
-            if stream.finish is not None:
-                engine.close(stream)
-                del streams[i]
-            texts[i] += stream.take_text()
-            entries[i] += stream.take_logprobs()
-    return list(zip(texts, entries, strict=True))
-
-
-def batched(engine, jobs, joins=None, leaves=None) -> list[str]:
-    """Runs (prompt_ids, sampling) jobs side by side. `joins[i]`: the step job i is opened
-    at (default 0); `leaves[i]`: the step job i is closed at, unfinished."""
+def side_by_side(
+    engine, jobs: list[tuple[list[int], object]], joins=None, leaves=None
+) -> list[tuple[str, tuple]]:
+    """Steps (prompt ids, sampling) jobs together, as the worker would: each one's text and
+    logprob entries, in job order (one job: the answer alone). `joins[i]`: the step job i
+    is opened at (default 0); `leaves[i]`: the step job i is closed at, unfinished."""
     joins, leaves = joins or {}, leaves or {}
     streams: dict[int, object] = {}
-    texts = ["" for _ in jobs]
+    texts, entries = ["" for _ in jobs], [() for _ in jobs]
     step = 0
     while True:
         for i, (prompt_ids, sampling) in enumerate(jobs):
@@ -68,12 +54,18 @@ def batched(engine, jobs, joins=None, leaves=None) -> list[str]:
                 engine.close(stream, interrupted=True)
                 del streams[i]
         if not streams and step > max(joins.values(), default=0):
-            return texts
+            return list(zip(texts, entries, strict=True))
         engine.step(list(streams.values()))
         for i, stream in list(streams.items()):
-            texts[i] += stream.take_text()
+            assert stream.error is None, stream.error
             if stream.finish is not None:
                 engine.close(stream)
-                texts[i] += stream.take_text()
                 del streams[i]
+            texts[i] += stream.take_text()
+            entries[i] += stream.take_logprobs()
         step += 1
+
+
+def batched(engine, jobs, joins=None, leaves=None) -> list[str]:
+    """side_by_side's texts alone."""
+    return [text for text, _ in side_by_side(engine, jobs, joins, leaves)]

@@ -9,14 +9,10 @@ import pytest
 from inference.runtime.jobs import Delta, Done, TokenLogprob, Usage
 from inference.runtime.tools import CallStart, call_text
 from web import relay
+from web.request_log import RequestLog
 
 PARIS = call_text("get_weather", {"city": "Paris"})
 DONE = Done("stop", Usage(10, 20), 0.0, 1.0, 2.0, 3.0)
-
-
-class Log:
-    def finish(self, status, done) -> None:
-        self.status = status
 
 
 def entries(text: str, size: int) -> list[TokenLogprob]:
@@ -39,7 +35,7 @@ def answer_events(text: str, size: int, per_event: int = 1) -> list:
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_the_logprobs_of_an_answer_with_calls_are_its_texts_tokens_only(size, per_event):
     events = answer_events(f"Let me look.\n{PARIS}\n{PARIS}", size, per_event)
-    answer = relay.collect(relay.read_calls(iter(events)), Log())
+    answer = relay.collect(relay.read_calls(iter(events)), RequestLog("chat-1", "/chat"))
     assert [c.name for c in answer.calls] == ["get_weather", "get_weather"]
     assert answer.done.finish_reason == "tool_calls"
     assert answer.text == "Let me look."

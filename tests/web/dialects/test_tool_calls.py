@@ -92,13 +92,14 @@ def test_the_assistant_message_goes_back_as_the_client_returned_it(embedded_serv
         messages=ASK,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}},
-        parallel_tool_calls=False,  # how many calls the model makes is its own choice
-        max_tokens=64,
+        # Parallel calls, the default: how many the model makes is its own choice (measured:
+        # four in 127 tokens on the float32 cache, two in 63 on float16), so room for more.
+        max_tokens=256,
     ) as stream:
         message = stream.get_final_completion().choices[0].message
-    [call] = message.tool_calls
-    assert call.function.name == "get_time"
-    check_call(call)
+    for call in message.tool_calls:
+        assert call.function.name == "get_time"
+        check_call(call)
     results = [
         {"role": "tool", "tool_call_id": c.id, "content": "12:00"} for c in message.tool_calls
     ]
