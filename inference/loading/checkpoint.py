@@ -128,6 +128,7 @@ def load_quantized(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from inference.quant import calibrate as calibrate_forward
     from inference.quant import rowint8, smooth
 
     target = compute_dtype(quantize, dtype)
@@ -155,25 +156,23 @@ def load_quantized(
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
     calibrate = quantize in ("int8", "int8-row") and calibration_ids is not None
-    hidden = position = None
-    if calibrate:
-        hidden = embed(calibration_ids)
-        cos, sin = rope.tables(decoder.rotary_emb, hidden.shape[1], hidden.dtype)
-        position = cos[None], sin[None]
+    if calibrate and not all(
+        smooth.layer_groups(lay) and calibrate_forward.supported(lay) for lay in decoder.layers
+    ):
+        log.warning("%s: not a plain Llama-style decoder: int8 without smoothing", folder.name)
+        calibrate = False
+    hidden = cos = sin = None
+    if calibrate:  # one sequence, float64, on CPU-independent operations
+        hidden = embed(calibration_ids)[0].double()
+        cos, sin = rope.tables(decoder.rotary_emb, hidden.shape[0], torch.float32)
+        cos, sin = cos.double(), sin.double()
     for i, layer in enumerate(decoder.layers):
         layer.load_state_dict(reader.read_prefix(f"model.layers.{i}.", target), assign=True)
-        groups = smooth.layer_groups(layer) if calibrate else None
-        if groups:
-            with (
-                torch.inference_mode(),
-                smooth.record_input_absmax([g[2][0] for g in groups]) as absmax,
-            ):
-                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
-            smooth.smooth_layer(groups, absmax, smooth.ALPHA)
-        elif calibrate:
-            log.warning("layer %d is not Llama-style: int8 without smoothing", i)
+        if calibrate:
             with torch.inference_mode():
-                hidden = layer(hidden, attention_mask=None, position_embeddings=position)
+                hidden, maxima = calibrate_forward.layer_forward(layer, hidden, cos, sin)
+            groups = smooth.layer_groups(layer)
+            smooth.smooth_layer(groups, [maxima.qkv, maxima.gate_up, maxima.down])
         if not (per_row and rowint8.quantize_decoder_layer(layer, native)):
             if per_row:
                 log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
@@ -188,9 +187,7 @@ def load_quantized(
         head_name = embed_name
     head_scale = None
     if calibrate and type(decoder.norm).__name__ in smooth.PLAIN_NORMS:
-        with torch.inference_mode():
-            final = decoder.norm(hidden)
-        absmax = final.abs().float().reshape(-1, final.shape[-1]).amax(dim=0)
+        absmax = calibrate_forward.rms_norm(hidden, decoder.norm).abs().amax(0)
         wmax = torch.zeros_like(absmax)
         for _start, block in reader.row_blocks(head_name, HEAD_ROWS_PER_PART, torch.bfloat16):
             torch.maximum(wmax, smooth.column_absmax(block), out=wmax)

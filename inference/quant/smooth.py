@@ -6,17 +6,19 @@ levels. Before quantizing, each input channel j of a Linear is divided by s_j an
 weight's column j multiplied by s_j, folded into the preceding RMSNorm weight (q/k/v,
 gate/up, lm_head) or into up_proj's rows (down_proj): the float model computes exactly the
 same function, and the int8 one loses much less. s_j = max|x_j|^a / max|W_:,j|^(1-a), with
-max|x_j| from one short calibration text. This module owns the arithmetic; the loader
+max|x_j| from one short calibration text, run through inference/quant/calibrate.py's forward
+(the same maxima on every CPU). This module owns the arithmetic; the loader
 (inference/loading/checkpoint.py) decides when to call it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
 from torch import nn
+
+from inference.quant import exact
 
 log = logging.getLogger("deskchat.smooth")
 
@@ -58,24 +60,6 @@ def layer_groups(layer: nn.Module) -> list[tuple[nn.Module, str, list[nn.Module]
     return groups
 
 
-@contextlib.contextmanager
-def record_input_absmax(modules: list[nn.Module]):
-    """Yields a dict id(module) -> per-channel max |input| over what runs inside the block."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def hook(module, args, _out):
-        x = args[0].detach().abs().float().reshape(-1, args[0].shape[-1]).amax(dim=0)
-        old = seen.get(id(module))
-        seen[id(module)] = x if old is None else torch.maximum(old, x)
-
-    handles = [m.register_forward_hook(hook) for m in modules]
-    try:
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def column_absmax(weight: torch.Tensor, rows: int = 8192) -> torch.Tensor:
     """max |W[:, j]| per column, a block of rows at a time (no full-size temporaries)."""
     out = torch.zeros(weight.shape[1])
@@ -91,8 +75,12 @@ def scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float =
 
 
 def scales_from_wmax(act_absmax: torch.Tensor, wmax: torch.Tensor, alpha: float = ALPHA):
-    s = act_absmax.clamp(min=1e-5).pow(alpha) / wmax.clamp(min=1e-5).pow(1 - alpha)
-    return s.clamp(min=1e-5)
+    """s = a^alpha / w^(1 - alpha), float32, the same bits on every CPU: torch's pow is a
+    different polynomial per vector width, and a scale one ulp apart rounds some weights
+    to the next int8 level (inference/quant/exact.py)."""
+    a = exact.log(act_absmax.double().clamp(min=1e-5))
+    w = exact.log(wmax.double().clamp(min=1e-5))
+    return exact.exp(a * alpha - w * (1 - alpha)).clamp(min=1e-5).float()
 
 
 def divide_source(source: nn.Module, kind: str, s: torch.Tensor) -> None:
@@ -109,10 +97,11 @@ def multiply_columns(linear: nn.Linear, s: torch.Tensor) -> None:
     linear.weight.data = (linear.weight.data.float() * s).to(linear.weight.dtype)
 
 
-def smooth_layer(groups, absmax: dict, alpha: float = ALPHA) -> None:
-    """Fold the scales of one layer's groups, from input maxima recorded on its readers."""
-    for source, kind, linears in groups:
-        s = scales(absmax[id(linears[0])], [lin.weight for lin in linears], alpha)
+def smooth_layer(groups, maxima: list[torch.Tensor], alpha: float = ALPHA) -> None:
+    """Fold the scales of one layer's groups, from their readers' input maxima (in the
+    groups' order: inference/quant/calibrate.py's Maxima)."""
+    for (source, kind, linears), absmax in zip(groups, maxima, strict=True):
+        s = scales(absmax, [lin.weight for lin in linears], alpha)
         divide_source(source, kind, s)
         for lin in linears:
             multiply_columns(lin, s)

@@ -7,8 +7,11 @@ Why not sort the whole vocabulary for top_p: on Qwen's 151936 tokens a sampled t
 looked for among the TOP_CANDIDATES most likely tokens first (or the top_k), and all are
 sorted only when it reaches past them; min_p is a threshold on the weights, no sort at all;
 penalties touch only the tokens already seen, by index.
-The draw is the exponential race torch's multinomial (one sample) also runs, without its
-checks over the whole vocabulary; a weight that is NaN, or all zero, is refused here instead.
+Every step here has the same bits on every CPU (issue 33): torch's softmax, cumsum and
+log_softmax change their last bits with the vector width, and a seeded request must get the
+same text from every PC of a fleet. The exponentials are inference/quant/exact.py's, the
+sums exact in fixed point, and the draw one 53-bit random integer against the exact running
+sum of the weights (inverse CDF): a weight that is NaN, or all zero, is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from inference.quant import exact
 
 # Below this, logits / temperature overflows float32 and the softmax turns to NaN; such a
 # temperature means "greedy" anyway.
@@ -52,9 +57,9 @@ def candidates(
     tokens = None  # None: weights are indexed by token id
     if 0 < top_k < scaled.numel():
         top, tokens = torch.topk(scaled, top_k)
-        weights = torch.softmax(top, dim=-1)
+        weights = softmax(top)
     else:
-        weights = torch.softmax(scaled, dim=-1)
+        weights = softmax(scaled)
     if top_p < 1.0:
         weights, order = nucleus(weights, top_p)
         tokens = order if tokens is None else tokens[order]
@@ -63,28 +68,54 @@ def candidates(
     return weights, tokens
 
 
+def _near(shifted: torch.Tensor) -> torch.Tensor:
+    """Indices of the scores (minus the best) whose weight is at least half the smallest
+    step of a draw's fixed point over them all (2^-(bits + 1) of the best): the others'
+    would round to 0 in the sum and in the draw, so they are 0 here, never exponentiated."""
+    window = (exact.sum_bits(shifted.numel()) + 1) * math.log(2)
+    return torch.nonzero(shifted >= -window).squeeze(1)
+
+
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    """float32 probabilities of float32 scores (1-D), the same bits on every CPU. Only the
+    tokens near the best are exponentiated: a few hundred of Qwen's 151936, not all."""
+    shifted = scores - scores.max()
+    if bool(torch.isnan(shifted[0])):  # a NaN anywhere is the max: draw refuses it
+        return shifted
+    near = _near(shifted)
+    part = exact.exp(shifted[near])
+    weights = torch.zeros_like(shifted)
+    weights[near] = part / exact.row_sum(part).float()
+    return weights
+
+
 def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, token ids), most likely first: the probabilities of the smallest set of
     most likely tokens whose mass reaches top_p, and zeros after it."""
     k = min(TOP_CANDIDATES, probs.numel())
     top, tokens = torch.topk(probs, k)
-    mass = torch.cumsum(top, dim=-1)
+    mass = exact.cumulative(top)
     if k < probs.numel() and float(mass[-1]) < top_p:  # the nucleus is wider: sort them all
         top, tokens = torch.sort(probs, descending=True)
-        mass = torch.cumsum(top, dim=-1)
+        mass = exact.cumulative(top)
     keep = mass - top < top_p
     keep[0] = True
     return top * keep, tokens
 
 
 def draw(weights: torch.Tensor, generator=None) -> int:
-    """An index, with probability proportional to its weight (weights >= 0, not all 0)."""
-    race = torch.empty_like(weights).exponential_(generator=generator)
-    race.clamp_(min=torch.finfo(race.dtype).tiny)  # never a zero time: no division by it
-    index = int(torch.argmax(weights / race))
-    if not weights[index] > 0:  # NaN sorts first and wins the race; all zero: nothing to draw
+    """An index, with probability proportional to its weight (weights >= 0, not all 0): one
+    53-bit random integer r picks where r / 2^53 of the exact total falls in the running
+    sum. A weight below 2^-(53 - log2 n) of the largest one is never picked."""
+    if bool(torch.isnan(weights).any()):
         raise ValueError("no token to draw: the weights are NaN or all zero")
-    return index
+    q, _ = exact.fixed(weights, exact.sum_bits(weights.numel()))
+    running = torch.cumsum(q, 0)  # integers below 2^53: exact in any order
+    total = int(running[-1])
+    if total <= 0:
+        raise ValueError("no token to draw: the weights are NaN or all zero")
+    r = int(torch.randint(0, 2**53, (1,), generator=generator))
+    return int(torch.searchsorted(running, float(r * total >> 53), right=True))
 
 
 def logprobs(scores: torch.Tensor, token: int, alternatives: int) -> tuple[float, list]:
@@ -92,12 +123,18 @@ def logprobs(scores: torch.Tensor, token: int, alternatives: int) -> tuple[float
     the `alternatives` most likely (id, log-probability), most likely first: fewer where
     fewer can be picked at all (a grammar's mask leaves -inf, and a list of arbitrary
     impossible tokens would tell nothing)."""
-    values = torch.log_softmax(scores.float(), dim=-1)
+    shifted = scores.float() - scores.float().max()
+    near = _near(shifted)
+    log_total = float(exact.log(exact.row_sum(exact.exp(shifted[near])))) if len(near) else math.nan
     best = []
     if alternatives > 0:
-        top, ids = torch.topk(values, min(alternatives, values.numel()))
-        best = [(i, v) for i, v in zip(ids.tolist(), top.tolist(), strict=True) if v > -math.inf]
-    chosen = float(values[token])
+        top, ids = torch.topk(shifted, min(alternatives, shifted.numel()))
+        best = [
+            (i, v - log_total)
+            for i, v in zip(ids.tolist(), top.tolist(), strict=True)
+            if v > -math.inf
+        ]
+    chosen = float(shifted[token]) - log_total
     return chosen if math.isfinite(chosen) else NO_CHANCE, best
 
 
