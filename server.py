@@ -224,6 +224,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
     _settle_host(config)
     runtime.prompts, runtime.model_name = prompts, engine.name
     runtime.decode_step = engine.decode_step
+    runtime.weights_digest = engine.weights_digest
     runtime.defaults = sampling_defaults(choice.path, config.sampling_defaults)
     runtime.grammars = grammars
     heap.trim()  # the warm-up's activations and the load's leftovers

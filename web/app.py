@@ -134,6 +134,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             body["cpu"] = runtime.cpu
         if runtime.decode_step is not None:
             body["decode_step"] = runtime.decode_step
+        if runtime.weights_digest is not None:
+            body["weights_sha256"] = runtime.weights_digest
         return jsonify(body), 200 if worker.alive else 503
 
     app.register_blueprint(chat_api.blueprint(config, runtime))

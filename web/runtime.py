@@ -25,6 +25,7 @@ class Runtime:
     cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
     decode_step: str | None = None  # "native avx2" ... or "torch": Engine.decode_step
+    weights_digest: str | None = None  # Engine.weights_digest: equal on PCs that agree
     # What a request silent on temperature, top_p, top_k, min_p, repetition_penalty gets
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 

@@ -14,6 +14,7 @@ forward: no masks for a whole padded batch, no cache objects, fewer small ops pe
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -163,6 +164,21 @@ class Decoder:
             projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
             projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         return all(isinstance(p, (RowInt8Linear, FusedPart)) for p in projections)
+
+    def digest(self) -> str:
+        """SHA-256 of what the load computed and the step reads: every tensor of the model's
+        state (int8 weights, scales, smoothed norms) and the rotary tables. Two PCs with the
+        same digest and step give the same answers (a fleet's check, in /health). The
+        embedding table is read from the model's file as it is, and left out: hashing it
+        would page in the whole mapped table."""
+        h = hashlib.sha256()
+        tensors = sorted(self.model.state_dict().items())
+        for name, tensor in [*tensors, ("rotary.cos", self.cos), ("rotary.sin", self.sin)]:
+            if tensor.is_meta:
+                continue
+            h.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+            h.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+        return h.hexdigest()
 
     def new_cache(self, capacity: int) -> SequenceCache:
         return SequenceCache(
