@@ -1,7 +1,8 @@
 """server.py on the old office PCs it is for, emulated by `qemu-x86_64 -cpu MODEL` (Debian
 package qemu-user): it starts, logs the path it chose, shows it in /health and answers
-"Tokyo" (with the native step built for it, and without); a setting the CPU cannot run is
-refused at start instead of dying with SIGILL.
+"Tokyo" (with the native step built for it, and without); with the native step it serves the
+same weights and gives the same answers as the host (issue 33); a setting the CPU cannot
+run is refused at start instead of dying with SIGILL.
 Emulation is slow (a start takes minutes), so these are few and short."""
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from tests.support.systree import skip_unless_ci
 # qnnpack's rounding tips to "L'Alma, ..."; Japan's fp32 margins are >= 2.5 logits up to
 # "Tokyo" (tests/support/margins.py).
 QUESTION = {"message": "What is the capital of Japan?", "max_tokens": 8}
+# Compared with the host's answers word for word: two more, with near-ties on the way
+# (tests/support/margins.py: "Name three colors." 0.039, "List three fruits." 0.054).
+SAME_AS_HOST = [
+    QUESTION,
+    {"message": "Name three colors.", "max_tokens": 16},
+    {"message": "List three fruits.", "max_tokens": 16},
+]
 
 
 @pytest.fixture
@@ -30,8 +38,11 @@ def qemu() -> list[str]:
 
 @pytest.mark.slow  # emulated: minutes per start
 @pytest.mark.parametrize("model, isa", [("Nehalem", "sse4.2"), ("SandyBridge", "avx")])
-def test_starts_and_answers_on_an_old_cpu(model, isa, qemu, start_server, embedded_dir):
-    """The native step, built for the emulated CPU's level, serves per-row int8 there."""
+def test_starts_and_answers_on_an_old_cpu(
+    model, isa, qemu, start_server, embedded_dir, embedded_server
+):
+    """The native step, built for the emulated CPU's level, serves per-row int8 there: the
+    same weights as on the host, hence the same answers (the host's server beside it)."""
     # embedded_dir: converted natively first, so the emulated start only loads it.
     server = start_server("--model", "embedded", wrapper=[*qemu, model], ready=False)
     server.wait_ready(timeout=900)
@@ -43,9 +54,14 @@ def test_starts_and_answers_on_an_old_cpu(model, isa, qemu, start_server, embedd
         "int8-row",
     )
     assert health["decode_step"] == f"native {isa}"
-    reply = chat(server.url, QUESTION, timeout=600)
-    assert reply.status == 200, reply.body
-    assert "Tokyo" in reply.json()["response"]
+    host = request(embedded_server.url, "GET", "/health").json()
+    assert health["weights_sha256"] == host["weights_sha256"]
+    for question in SAME_AS_HOST:
+        reply = chat(server.url, question, timeout=600)
+        assert reply.status == 200, reply.body
+        want = chat(embedded_server.url, question).json()["response"]
+        assert reply.json()["response"] == want, question
+    assert "Tokyo" in chat(embedded_server.url, QUESTION).json()["response"]
 
 
 @pytest.mark.slow  # emulated: minutes per start

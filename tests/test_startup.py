@@ -316,6 +316,7 @@ def test_without_a_compiler_the_torch_step_serves_and_the_log_says_so(start_serv
     )
     health = request(server.url, "GET", "/health").json()
     assert health["decode_step"] == "torch"
+    assert "weights_sha256" not in health  # its answers may differ by CPU: no digest
     assert health["cpu"]["paths"]["int8_row"] != "native"
     warnings = [line for line in server.log().splitlines() if " WARNING " in line]
     assert len(warnings) == 1, warnings

@@ -19,11 +19,17 @@ NEW_TOKENS = 24
 
 
 def capabilities() -> list[str]:
-    """torch's kernel sets (ATEN_CPU_CAPABILITY) this CPU can run, the plainest first."""
-    import torch
+    """torch's kernel sets (ATEN_CPU_CAPABILITY) this CPU can run, the plainest first: by
+    the CPU's flags, as torch checks them, whatever this process's own variable says."""
+    from inference.host.cpu import proc_flags
 
-    best = torch.backends.cpu.get_cpu_capability()  # as seen by a process without the variable
-    return ["default", "avx2", "avx512"][: {"DEFAULT": 1, "AVX2": 2}.get(best, 3)]
+    flags = proc_flags() or frozenset()
+    found = ["default"]
+    if {"avx2", "fma"} <= flags:
+        found.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            found.append("avx512")
+    return found
 
 
 def main(cache: Path) -> dict:
