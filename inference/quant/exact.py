@@ -97,7 +97,8 @@ def fixed(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     where it is one (bits <= 23: the same integers, half the bytes moved)."""
     if x.dtype not in (torch.float32, torch.float64) or bits > 23:
         x = x.to(torch.float64)
-    _, e = torch.frexp(x.abs().amax(-1, keepdim=True))  # max < 2^e (e = 0 for zeros)
+    top = torch.linalg.vector_norm(x, math.inf, dim=-1, keepdim=True)  # max |x|, no temporary
+    _, e = torch.frexp(top)  # max < 2^e (e = 0 for zeros)
     q = torch.round(x * pow2(bits - e).to(x.dtype))
     return q.to(torch.float64), pow2(e - bits)
 
@@ -112,17 +113,18 @@ def sum_bits(k: int) -> int:
     return 53 - max(1, math.ceil(math.log2(max(k, 2))))
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, block: int = 2048) -> torch.Tensor:
-    """a [..., M, K] @ b [..., N, K]^T in float64, each row of both rounded to fixed point
-    first (~20 bits of its largest value): an exact integer product, whatever the kernel's
-    order of summing. b goes a block of rows at a time, so a big weight never exists whole
-    in float64."""
+def matmul(a: torch.Tensor, *bs: torch.Tensor, block: int = 2048) -> torch.Tensor:
+    """a [..., M, K] @ b [..., N, K]^T in float64 (several b: their rows one after the other),
+    each row of a and b rounded to fixed point first (~20 bits of its largest value): an
+    exact integer product, whatever the kernel's order of summing. b goes a block of rows
+    at a time, so a big weight never exists whole in float64."""
     bits = _bits(a.shape[-1])
     qa, sa = fixed(a, bits)
     parts = []
-    for start in range(0, b.shape[-2], block):
-        qb, sb = fixed(b[..., start : start + block, :], bits)
-        parts.append((qa @ qb.transpose(-1, -2)) * sa * sb.transpose(-1, -2))
+    for b in bs:
+        for start in range(0, b.shape[-2], block):
+            qb, sb = fixed(b[..., start : start + block, :], bits)
+            parts.append((qa @ qb.transpose(-1, -2)) * sa * sb.transpose(-1, -2))
     return torch.cat(parts, dim=-1)
 
 

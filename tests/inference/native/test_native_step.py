@@ -177,6 +177,23 @@ def test_a_prompt_chunked_or_drafted_gives_the_same_bits(native_decoder):
 
 
 @pytest.fixture(scope="module")
+def own_build_steps(embedded_dir, tokenizer) -> list[torch.Tensor]:
+    decoder = load(embedded_dir, tokenizer, built(build.level(build.this_cpu())))
+    return steps(decoder, [list(range(100, 137)), [5, 6]], 2, together=True)
+
+
+@pytest.mark.slow  # one more load; an older build's own fixture is slow already
+def test_every_build_gives_the_bits_of_this_cpus_own(native_decoder, own_build_steps):
+    """One answer on every PC (issue 33): a Nehalem's sse4.2 build, a Sandy Bridge's avx
+    build and this CPU's give the same logits, bit for bit: the same float operations in
+    one order, only their vector width differs (the conversion is the same too: the
+    weights come from the same load, under whatever kernels torch dispatches to)."""
+    here = steps(native_decoder, [list(range(100, 137)), [5, 6]], 2, together=True)
+    for mine, own in zip(here, own_build_steps, strict=True):
+        assert torch.equal(mine, own), native_decoder.native
+
+
+@pytest.fixture(scope="module")
 def torch_decoder(embedded_dir, tokenizer) -> Decoder:
     decoder = load(embedded_dir, tokenizer, None)
     assert decoder.native is None
