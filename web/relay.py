@@ -160,15 +160,17 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
             return
 
 
-def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
+def read_calls(relayed: Iterator[Event], forced: bool = False) -> Iterator[Event | CallPiece]:
     """The events with the answer's text read for tool calls: Deltas of the text outside
     them, the call pieces, and a Done whose finish_reason is "tool_calls" when the answer
-    stopped after calling. Logprob entries go with the text before the first call, as
-    OpenAI's `content` logprobs do, by bytes: a text Delta takes the entries of the tokens
-    that begin within the text let out so far (a token holding both text and a tag's start
-    goes with the text). From the first call on, entries are left out: the call's tokens,
-    its tags included, and any text after it (one event may carry several tokens, drafted
-    ones, across the tag)."""
+    stopped after calling. `forced` (tool_choice "required" or a name): the grammar lets
+    the answer hold calls alone, so no Delta at all; what would be one is a call cut by
+    max_tokens before its tag was whole ("<tool_call"). Logprob entries go with the text
+    before the first call, as OpenAI's `content` logprobs do, by bytes: a text Delta takes
+    the entries of the tokens that begin within the text let out so far (a token holding
+    both text and a tag's start goes with the text). From the first call on, entries are
+    left out: the call's tokens, its tags included, and any text after it (one event may
+    carry several tokens, drafted ones, across the tag)."""
     reader = CallReader()
     pending: deque[TokenLogprob] = deque()
     let_out = given = 0  # bytes of text let out, and of the entries given with it
@@ -183,6 +185,8 @@ def read_calls(relayed: Iterator[Event]) -> Iterator[Event | CallPiece]:
         else:
             pieces = reader.finish()
         for piece in pieces:
+            if isinstance(piece, Delta) and forced:
+                continue
             if isinstance(piece, Delta):
                 let_out += len(piece.text.encode())
                 entries = []

@@ -60,6 +60,11 @@ class ToolUse:
     choice: str = "auto"
     parallel: bool = True
 
+    @property
+    def forced(self) -> bool:
+        """The answer is calls and nothing else ("required" or a name)."""
+        return self.choice != "auto"
+
     def callable(self) -> tuple[Function, ...]:
         if self.choice in ("auto", "required"):
             return self.functions
@@ -143,13 +148,13 @@ def grammar(use: ToolUse, tags_are_tokens: bool) -> str:
     else:
         open_, close = json.dumps(OPEN), json.dumps(CLOSE)
     more = ' ("\\n" call)*' if use.parallel else ""
-    if use.choice != "auto":
+    if use.forced:
         lines = [f"start: call{more}"]
     elif tags_are_tokens:  # the token ends the text: text cannot hold it
         lines = [f"start: TEXT | TEXT? {open_} rest{more}", TEXT_RULE]
     else:  # one lexeme, text up to the first tag, so that the text cannot swallow the tag
         lines = [f"start: TEXT | LEAD rest{more}", TEXT_RULE, f"LEAD: TEXT {open_}"]
-    if use.choice != "auto" or use.parallel:
+    if use.forced or use.parallel:
         lines.append(f"call: {open_} rest")
     names = []
     for i, f in enumerate(use.callable()):

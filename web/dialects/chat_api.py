@@ -227,7 +227,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         job = relay.submit(chat_request, config, runtime, g.request_id)
         relayed = relay.events(job, g.disconnected)
         if chat_request.tools is not None:
-            relayed = relay.read_calls(relayed)
+            relayed = relay.read_calls(relayed, chat_request.tools.forced)
         if chat_request.stream:
             shape = ChatStream(job.id, runtime.model_name, chat_request.logprobs)
             return relay.sse(job, relayed, shape, g.log)

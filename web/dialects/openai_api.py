@@ -139,13 +139,14 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         job = relay.submit(chat_request, config, runtime, g.request_id)
         relayed = relay.events(job, g.disconnected)
         if chat_request.tools is not None:
-            relayed = relay.read_calls(relayed)
+            relayed = relay.read_calls(relayed, chat_request.tools.forced)
         model = runtime.model_name
         if chat_request.stream:
             shape = CompletionStream(job.id, model, created, include_usage, chat_request.logprobs)
             return relay.sse(job, relayed, shape, g.log)
         answer = relay.collect(relayed, g.log)
-        content = answer.text if answer.text or not answer.calls else None
+        forced = chat_request.tools is not None and chat_request.tools.forced
+        content = answer.text if (answer.text or not answer.calls) and not forced else None
         message = {"role": "assistant", "content": content}
         if answer.calls:
             message["tool_calls"] = _tool_calls(answer.calls)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from inference.runtime.jobs import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
@@ -124,7 +125,8 @@ def number(
         raise InvalidRequest(f"'{key}' must be a finite number", param=key)
     if as_float > high or as_float < low or (low_open and as_float == low):
         bracket = "(" if low_open else "["
-        shown = f"{as_float:g}"
+        shown = repr(value) if isinstance(value, float) else str(value)  # as sent
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise InvalidRequest(
             f"'{key}' must be in {bracket}{low:g}, {high:g}], got {shown}", param=key
         )
@@ -238,10 +240,52 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+# A JSON escape of a UTF-16 surrogate: the only way a parsed string can hold one
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(data: bytes):
-    """The body as JSON, or InvalidRequest saying why not (NaN, absurd nesting included)."""
+    """The body as JSON, or InvalidRequest saying why not (NaN, absurd nesting included).
+    Every string in it, keys included, at any depth, is valid Unicode text: a lone
+    surrogate ("\\ud800", valid JSON) is refused here, naming where it is, so that no
+    later stage (tokenizer, grammar, log) meets one."""
     try:
-        return json.loads(data, parse_constant=_no_constants)
+        body = json.loads(data, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidRequest(f"the body is not valid JSON: {reason}"[:300]) from None
+    if _SURROGATE_ESCAPE.search(data):
+        _refuse_lone_surrogates(body)
+    return body
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _refuse_lone_surrogates(body) -> None:
+    """InvalidRequest naming the first string (in document order) that is not valid
+    Unicode: its path (`tools[1].function.parameters.properties`), or for a key, the path
+    of the object that holds it. Iterative: a body may nest as deep as json allows."""
+    stack = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not _encodes(value):
+            where = f"'{path}'" if path else "the body"
+            raise InvalidRequest(f"{where} is not valid Unicode text", param=path or None)
+        if isinstance(value, dict):
+            for key in value:
+                if not _encodes(key):
+                    where = f"'{path}'" if path else "the body"
+                    raise InvalidRequest(
+                        f"{where} holds a name that is not valid Unicode text",
+                        param=path or None,
+                    )
+            items = [(f"{path}.{key}" if path else key, item) for key, item in value.items()]
+            stack.extend(reversed(items))
+        elif isinstance(value, list):
+            stack.extend(reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)]))

@@ -133,3 +133,24 @@ def test_a_function_schema_llguidance_refuses_is_a_400_naming_it(embedded_server
         )
     assert caught.value.body["param"] == "tools[1].function.parameters"
     assert "strnig" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("max_tokens", [2, 12])
+def test_a_forced_call_cut_by_max_tokens_is_no_text(embedded_server, max_tokens):
+    """Issue 34: a forced answer holds calls and nothing else, also when max_tokens cuts it
+    inside the opening tag (2 tokens: "<tool_call" came back as text before) or inside the
+    call (12): no text content, finish_reason length, on both routes, whole and streamed."""
+    api = client(embedded_server)
+    forced = {"tools": TOOLS, "tool_choice": "required", "max_tokens": max_tokens}
+    whole = api.chat.completions.create(model="deskchat", messages=ASK, **forced)
+    [choice] = whole.choices
+    assert choice.finish_reason == "length" and choice.message.content is None, choice
+    chunks = list(
+        api.chat.completions.create(model="deskchat", messages=ASK, stream=True, **forced)
+    )
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert texts == [] and chunks[-1].choices[0].finish_reason == "length", chunks[-1]
+    flat = {**forced, "tools": [t["function"] for t in TOOLS]}
+    reply = chat(embedded_server.url, {"messages": ASK, **flat}).json()
+    assert reply["response"] == "" and reply["finish_reason"] == "length", reply
+    assert "tool_calls" not in reply  # /chat lists complete calls only
