@@ -71,6 +71,16 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     counted = metrics.Metrics(config, runtime)
 
+    def refused(method: str, path: str, status: int, kind: str) -> None:
+        """What waitress answered itself is counted too, under the route it asked for."""
+        try:
+            rule = app.url_map.bind("").match(path, method, return_rule=True)[0].rule
+        except (HTTPException, UnicodeError, ValueError):
+            rule = metrics.UNMATCHED_ROUTE
+        counted.observe_refused(rule, status, kind)
+
+    app.extensions["deskchat.refused"] = refused
+
     @app.after_request
     def _count(response: Response) -> Response:
         # Counted when the response closes: a stream's final status is only known then.

@@ -194,12 +194,8 @@ class Metrics:
         stream's last word), else the HTTP status sent."""
         status = log.status if log.status is not None else http_status
         key = log.key_name or ""
-        self.requests.labels(route, str(status), key).inc()
         error, done = log.error, log.done
-        if error is not None and error.type in REJECTION_REASONS:
-            self.rejections.labels(error.type).inc()
-        if error is not None and error.type == "timeout":
-            self.timeouts.inc()
+        self._count(route, status, key, error.type if error is not None else None)
         if done is None:
             return
         self.prompt_tokens.labels(key).inc(done.usage.prompt_tokens)
@@ -211,6 +207,19 @@ class Metrics:
         if tokens > 1:
             decode_ms = done.total_ms - done.queued_ms - done.ttft_ms
             self.tpot.observe(max(decode_ms, 0.0) / (tokens - 1) / 1000)
+
+    def observe_refused(self, route: str, status: int, kind: str) -> None:
+        """Count a request that waitress answered itself, before Flask (web/transport.py):
+        a 503 on a reserve connection past --connection-limit, malformed HTTP, a timeout.
+        No key was read for it. Its 408s are not deadlines: not in the timeouts."""
+        self._count(route, status, "", kind if kind in REJECTION_REASONS else None)
+
+    def _count(self, route: str, status: int, key: str, kind: str | None) -> None:
+        self.requests.labels(route, str(status), key).inc()
+        if kind in REJECTION_REASONS:
+            self.rejections.labels(kind).inc()
+        if kind == "timeout":
+            self.timeouts.inc()
 
 
 def route_of_request() -> str:

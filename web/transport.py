@@ -97,6 +97,9 @@ class JsonErrorTask(ErrorTask):
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body.encode())
+        refused = self.channel.server.refused
+        if refused is not None:  # the app's metrics count it like any other request
+            refused(self.request.command or "", self.request.path or "", error.code, kind)
 
 
 class StrictRequestParser(HTTPRequestParser):
@@ -183,6 +186,9 @@ class JsonErrorChannel(HTTPChannel):
 class DeskchatServer(TcpWSGIServer):
     channel_class = JsonErrorChannel
     read_timeout = 10.0  # seconds; make_http_server() sets it from the config
+    # (method, path, status, type) of each request answered here, not by the app: the app's
+    # metrics (web/app.py puts it in app.extensions)
+    refused = None
 
     def maintenance(self, now):
         for channel in list(self.active_channels.values()):
@@ -295,6 +301,7 @@ def _bind(config: Config, app):
                 app, socket_map, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo
             )
             server.read_timeout = config.http_read_timeout
+            server.refused = getattr(app, "extensions", {}).get("deskchat.refused")
             servers.append(server)
     except BaseException:
         wasyncore.close_all(socket_map)  # what was opened before the failure

@@ -9,6 +9,7 @@ import time
 
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import request
+from tests.support.metrics import scrape, value
 from web.transport import HEALTH_RESERVE, RESERVE_TIMEOUT_S
 
 LIMIT = 4
@@ -43,6 +44,10 @@ def test_health_is_answered_at_once_while_the_limit_is_full(fake_server):
     finally:
         for s in held:
             s.close()
+    time.sleep(0.5)  # the held connections are closed: /metrics gets a connection of its own
+    samples = scrape(server.url)  # the 503 the client got is counted (issue 34)
+    assert value(samples, "deskchat_requests_total", route="/chat", status="503", key="") == 1
+    assert value(samples, "deskchat_rejections_total", reason="overloaded") == 1
 
 
 def test_the_reserve_does_not_keep_idle_connections(fake_server):
