@@ -239,3 +239,78 @@ def test_hostile_schemas_get_no_500_and_leave_no_traceback(embedded_server):
     assert 200 in statuses and 400 in statuses, statuses
     log = embedded_server.log()
     assert "Traceback" not in log and "failed" not in log, log[-3000:]
+
+
+# Issue 34: tool definitions and sampling fields, hostile, through the real model (the fake
+# engine refuses tools before they reach a tokenizer or a grammar).
+ODD_TEXT = ["", "x", "\ud800", "a\udfffb", CONTROL_NAME, "<tool_call>", "é" * 50]
+ODD_NUMBERS = [None, -1, 0, 0.5, 1, 1.0000001, 2, 3, 10**30, "1", True, [], {}]
+SAMPLING_KEYS = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty"]
+SAMPLING_KEYS += ["frequency_penalty", "presence_penalty", "seed", "top_logprobs"]
+
+
+def hostile_tool(rng: random.Random, index: int) -> dict:
+    """A function definition with odd names, descriptions and parameters (flat, /chat's)."""
+    odd = rng.random() < 0.3  # else every text is valid: the call reaches the model
+    name = rng.choice(["a b", "x" * 80, *ODD_TEXT]) if odd else f"fn_{index}"
+    texts = ODD_TEXT if odd else ["x", "city", CONTROL_NAME, "<tool_call>", "é" * 50]
+    properties = {rng.choice(texts): {"type": "string", "maxLength": 8} for _ in range(2)}
+    properties["e"] = {"enum": [rng.choice(texts), "ok"], "description": rng.choice(texts)}
+    parameters = {"type": "object", "properties": properties}
+    if odd:
+        parameters = rng.choice([parameters, hostile_schema(rng), {}, "x", None])
+    tool = {"name": name, "description": rng.choice(texts), "parameters": parameters}
+    if rng.random() < 0.25:  # one lone surrogate in a body otherwise fit to reach the model
+        spot = rng.choice(["description", "key", "enum"])
+        if spot == "description":
+            tool["description"] = "\ud800"
+        elif spot == "key":
+            properties["\udfff"] = {"type": "string"}
+        else:
+            properties["e"]["enum"][0] = "\ud800"
+    return tool
+
+
+def hostile_tool_body(rng: random.Random) -> tuple[str, dict]:
+    tools = [hostile_tool(rng, i) for i in range(rng.choice([1, 2]))]
+    arguments = rng.choice(['{"city": "Paris"}', '{"city": "\ud800"}', "{", {"x": "\udfff"}])
+    call = {"id": "call_1", "name": tools[0]["name"], "arguments": arguments}
+    messages = [{"role": "user", "content": rng.choice(ODD_TEXT) or "hi"}]
+    if rng.random() < 0.4:
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": rng.choice(ODD_TEXT)},
+        ]
+    body: dict = {"messages": messages, "max_tokens": 8, "stream": rng.random() < 0.3}
+    body["tool_choice"] = rng.choice(["auto", "required", "none", tools[0]["name"], "nope"])
+    body["parallel_tool_calls"] = rng.choice([True, False, True, "no"])
+    for key in rng.sample(SAMPLING_KEYS, 3):
+        body[key] = rng.choice(ODD_NUMBERS if rng.random() < 0.3 else [None, 0, 0.5, 1])
+    body["logprobs"] = rng.choice([True, False, None, 1] if rng.random() < 0.3 else [True, False])
+    if rng.random() < 0.5:
+        return "/chat", {**body, "tools": tools}
+    wrapped = [{"type": "function", "function": t} for t in tools]
+    if body["tool_choice"] == tools[0]["name"]:  # /v1 names a function in an object
+        body["tool_choice"] = {"type": "function", "function": {"name": tools[0]["name"]}}
+    for message in messages:  # /v1's call shape
+        for c in message.get("tool_calls", ()):
+            c.update(type="function", function={"name": c.pop("name"), "arguments": arguments})
+    return "/v1/chat/completions", {**body, "tools": wrapped}
+
+
+TOOL_FUZZ_REQUESTS = int(os.environ.get("DESKCHAT_FUZZ_TOOL_REQUESTS", "60"))
+
+
+@pytest.mark.slow  # hostile tools and sampling through the real model
+def test_hostile_tools_and_sampling_fields_get_no_500(embedded_server):
+    rng = random.Random(20261202)
+    statuses = []
+    for _ in range(TOOL_FUZZ_REQUESTS):
+        path, body = hostile_tool_body(rng)
+        reply = request(embedded_server.url, "POST", path, body, timeout=300)
+        internal = re.search(rb'"(code|type)": ?"internal"', reply.body) is not None
+        statuses.append(500 if internal else reply.status)
+    assert 500 not in statuses, statuses
+    assert 200 in statuses and 400 in statuses, statuses
+    log = embedded_server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
