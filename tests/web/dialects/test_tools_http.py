@@ -163,7 +163,9 @@ def test_chat_gives_whole_calls_with_objects(serve):
 
 
 def test_chat_takes_a_tool_conversation_and_a_named_choice(serve):
-    server = serve("It is sunny.")
+    # A named choice lets the answer hold calls and nothing else: scripted as the grammar
+    # would have it (text would be dropped, issue 34)
+    server = serve(PARIS)
     messages = [
         *ASK,
         {
@@ -175,7 +177,11 @@ def test_chat_takes_a_tool_conversation_and_a_named_choice(serve):
     body = {"messages": messages, "tools": CHAT_TOOLS, "tool_choice": "get_weather"}
     reply = request(server.url, "POST", "/chat", body)
     assert reply.status == 200, reply.body
-    assert reply.json()["response"] == "It is sunny."
+    answer = reply.json()
+    assert answer["response"] == "" and answer["finish_reason"] == "tool_calls", answer
+    assert [(c["name"], c["arguments"]) for c in answer["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"})
+    ]
 
 
 AGENT_HISTORY = [
