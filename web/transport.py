@@ -99,7 +99,9 @@ class JsonErrorTask(ErrorTask):
         self.write(body.encode())
         refused = self.channel.server.refused
         if refused is not None:  # the app's metrics count it like any other request
-            refused(self.request.command or "", self.request.path or "", error.code, kind)
+            # a request whose headers never ended has no method or path yet
+            method = getattr(self.request, "command", None) or ""
+            refused(method, getattr(self.request, "path", None) or "", error.code, kind)
 
 
 class StrictRequestParser(HTTPRequestParser):
