@@ -107,16 +107,12 @@ def _grammar(chat_request: ChatRequest, runtime: Runtime) -> Grammar | None:
 
 
 def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
-    """Refuse now a prompt over the budget (413), one whose prefill alone could never end
-    within the deadline (413), or one that cannot get its first token before the deadline
-    behind the queue ahead (503, retry when enough of the queue has drained). Queue wait and
-    prefill come from the worker's measured averages; before anything was measured only the
-    budget applies. The answer's own decode is not counted: max_tokens is a ceiling."""
-    if prompt_tokens > config.max_prompt_tokens:
-        raise PayloadTooLarge(
-            f"the prompt is {prompt_tokens} tokens; this server takes at most "
-            f"{config.max_prompt_tokens} prompt tokens per request (--max-prompt-tokens)"
-        )
+    """Refuse now a prompt whose prefill alone could never end within the deadline (413), or
+    one that cannot get its first token before the deadline behind the queue ahead (503,
+    retry when enough of the queue has drained). Queue wait and prefill come from the
+    worker's measured averages; before anything was measured, nothing is refused here (the
+    prompt's length was checked by `PromptBuilder.check_fits`). The answer's own decode is
+    not counted: max_tokens is a ceiling."""
     if not worker.measured:
         return
     deadline_s = config.request_timeout

@@ -286,4 +286,4 @@ def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenize
         speculate=config.speculate,
     )
     log.info("decode step: %s", engine.decode_step)
-    return engine, PromptBuilder(tokenizer, context)
+    return engine, PromptBuilder(tokenizer, context, config.max_prompt_tokens)

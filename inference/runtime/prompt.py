@@ -44,10 +44,11 @@ def shed_build_copies(tokenizer) -> None:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, context_tokens: int):
+    def __init__(self, tokenizer, context_tokens: int, max_prompt_tokens: int | None = None):
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
         self.context_tokens = context_tokens
+        self.max_prompt_tokens = max_prompt_tokens  # --max-prompt-tokens, when it is set
         # The control tokens a template may write (its added tokens), longest first.
         added = getattr(tokenizer, "added_tokens_encoder", {})
         self._controls = dict(added)
@@ -184,11 +185,28 @@ class PromptBuilder:
         with self._lock:
             return use(self._tokenizer)
 
-    def check_fits(self, prompt_tokens: int) -> None:
-        """413 when the prompt leaves no room for even one answer token."""
+    @property
+    def prompt_limit(self) -> int:
+        """The most prompt tokens a request may have: the context less one answer token, and
+        at most --max-prompt-tokens (which bounds one prefill's time)."""
         limit = self.context_tokens - 1
-        if prompt_tokens > limit:
+        if self.max_prompt_tokens is not None:
+            limit = min(limit, self.max_prompt_tokens)
+        return limit
+
+    def check_fits(self, prompt_tokens: int) -> None:
+        """413, saying the count and the limit, when the prompt is over `prompt_limit`: the
+        one place an over-long prompt is refused."""
+        limit, context_limit = self.prompt_limit, self.context_tokens - 1
+        if prompt_tokens <= limit:
+            return
+        if limit < context_limit:
             raise PayloadTooLarge(
-                f"the prompt is {prompt_tokens} tokens; this server allows at most {limit} "
-                f"prompt tokens (context {self.context_tokens}, one kept for the answer)"
+                f"the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
+                f"prompt tokens per request (--max-prompt-tokens; the context of "
+                f"{self.context_tokens} tokens would allow {context_limit})"
             )
+        raise PayloadTooLarge(
+            f"the prompt is {prompt_tokens} tokens; this server allows at most {limit} "
+            f"prompt tokens (context {self.context_tokens}, one kept for the answer)"
+        )

@@ -112,8 +112,8 @@ def fake_logprob(piece: str, alternatives: int) -> TokenLogprob:
 class FakePrompts(PromptBuilder):
     """Encodes a chat as the code points of the last message: readable ids for FIFO checks."""
 
-    def __init__(self, context_tokens: int = 4096):
-        super().__init__(tokenizer=None, context_tokens=context_tokens)
+    def __init__(self, context_tokens: int = 4096, max_prompt_tokens: int | None = None):
+        super().__init__(None, context_tokens, max_prompt_tokens)
 
     def encode(self, messages, system=None, tools=None):
         return [ord(c) for c in messages[-1]["content"]]

@@ -38,7 +38,7 @@ class InProcessServer:
             engine, config.max_queue, config.max_batch, config.batch_memory_mb * 1024 * 1024
         ).start()
         if ready:
-            self.runtime.prompts = FakePrompts()
+            self.runtime.prompts = FakePrompts(max_prompt_tokens=config.max_prompt_tokens)
             self.runtime.model_name = engine.name
             self.runtime.worker = self.worker
         self.app = create_app(self.config, self.runtime)
