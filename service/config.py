@@ -317,8 +317,13 @@ def _convert(f: dataclasses.Field, text: str):
 def _range(f: dataclasses.Field) -> str:
     minimum, maximum = f.metadata.get("min"), f.metadata.get("max")
     if maximum is None:
-        return f"at least {minimum:g}"
-    return f"from {minimum:g} to {maximum:g}"
+        return f"at least {_number(minimum)}"
+    return f"from {_number(minimum)} to {_number(maximum)}"
+
+
+def _number(bound: float) -> str:
+    """A whole bound in full (1048576, where :g says 1.04858e+06), a fraction as :g."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _parse_int(text: str) -> int:
