@@ -80,6 +80,9 @@ def host_problem(host: str) -> str | None:
 def _setting(
     default, help: str, minimum: float | None = None, maximum: float | None = None, **extra
 ):
+    """One setting's declaration. `extra` may hold check (a function: why a value is wrong,
+    or None), choices, upper (compare in upper case) and default_doc (what docs/settings.md
+    shows for a default computed per PC)."""
     meta = {"help": help, "min": minimum, "max": maximum, **extra}
     if callable(default):
         return field(default_factory=default, metadata=meta)
@@ -106,8 +109,18 @@ class Config:
     strict_model: bool = _setting(
         False, "Exit instead of falling back to the embedded model when the model is missing."
     )
-    cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
-    threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
+    cache_dir: Path = _setting(
+        default_cache_dir,
+        "Where downloaded and converted models are kept.",
+        default_doc="`$XDG_CACHE_HOME/deskchat`, else `~/.cache/deskchat`",
+    )
+    threads: int = _setting(
+        physical_cores,
+        "Inference threads (default: physical cores).",
+        1,
+        1024,
+        default_doc="this PC's physical cores",
+    )
     thread_policy: str = _setting(
         "adaptive",
         "adaptive (one inference thread while other programs keep the CPUs busy, --threads "
