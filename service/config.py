@@ -123,8 +123,10 @@ class Config:
     )
     thread_policy: str = _setting(
         "adaptive",
-        "adaptive (one inference thread while other programs keep the CPUs busy, --threads "
-        "otherwise) or fixed (always --threads); docs/latency.md.",
+        "adaptive (one inference thread while other programs keep the CPUs busy, that is "
+        "while one of its threads spent a quarter of the last second or more waiting for a "
+        "CPU; --threads again after a few quiet seconds; int8 and int8-row only, other "
+        "quantizations keep --threads) or fixed (always --threads); docs/latency.md.",
         choices=THREAD_POLICIES,
     )
     quantize: str = _setting(
@@ -230,7 +232,8 @@ class Config:
     connection_limit: int = _setting(
         500,
         "Open HTTP connections at most (idle ones included); past it a few more are taken "
-        "for /health only (others get a quick 503), then more wait in the kernel's backlog.",
+        "for /health only (others get a quick 503), then more wait in the kernel's backlog "
+        "until one closes.",
         1,
         100_000,
     )
@@ -253,13 +256,14 @@ class Config:
     )
     mlock: bool = _setting(
         False,
-        "Lock the loaded model and the code that runs it in RAM (mlockall), so memory "
-        "pressure cannot page them out; needs LimitMEMLOCK=infinity (the unit has it).",
+        "Lock what is resident after the warm-up (the model, the code that runs it) in RAM "
+        "with mlockall, so memory pressure cannot page it out; needs LimitMEMLOCK=infinity "
+        "(the unit has it), else one WARNING line and it runs unlocked.",
     )
     gc_policy: str = _setting(
         "idle",
-        "Python garbage collector: idle (freeze what exists after loading; oldest "
-        "generation only between jobs) or python (its own thresholds).",
+        "Python garbage collector: idle (freeze what exists after the warm-up; the oldest "
+        "generation runs only between jobs) or python (its own thresholds).",
         choices=GC_POLICIES,
     )
     log_level: str = _setting(
