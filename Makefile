@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: install native run test check lint bench bench-peer bench-latency clean
+.PHONY: install native run test check lint docs bench bench-peer bench-latency clean
 
 install: $(VENV)/.installed $(VENV)/.native
 
@@ -38,6 +38,10 @@ check: lint
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# docs/settings.md from service/config.py (tests/service/test_settings_doc.py fails until rerun).
+docs: install
+	$(PY) -m service.settings_doc
 
 bench: install
 	$(PY) -m bench --model qwen-shape

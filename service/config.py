@@ -80,6 +80,9 @@ def host_problem(host: str) -> str | None:
 def _setting(
     default, help: str, minimum: float | None = None, maximum: float | None = None, **extra
 ):
+    """One setting's declaration. `extra` may hold check (a function: why a value is wrong,
+    or None), choices, upper (compare in upper case) and default_doc (what docs/settings.md
+    shows for a default computed per PC)."""
     meta = {"help": help, "min": minimum, "max": maximum, **extra}
     if callable(default):
         return field(default_factory=default, metadata=meta)
@@ -106,12 +109,24 @@ class Config:
     strict_model: bool = _setting(
         False, "Exit instead of falling back to the embedded model when the model is missing."
     )
-    cache_dir: Path = _setting(default_cache_dir, "Where downloaded and converted models are kept.")
-    threads: int = _setting(physical_cores, "Inference threads (default: physical cores).", 1, 1024)
+    cache_dir: Path = _setting(
+        default_cache_dir,
+        "Where downloaded and converted models are kept.",
+        default_doc="`$XDG_CACHE_HOME/deskchat`, else `~/.cache/deskchat`",
+    )
+    threads: int = _setting(
+        physical_cores,
+        "Inference threads (default: physical cores).",
+        1,
+        1024,
+        default_doc="this PC's physical cores",
+    )
     thread_policy: str = _setting(
         "adaptive",
-        "adaptive (one inference thread while other programs keep the CPUs busy, --threads "
-        "otherwise) or fixed (always --threads); docs/latency.md.",
+        "adaptive (one inference thread while other programs keep the CPUs busy, that is "
+        "while one of its threads spent a quarter of the last second or more waiting for a "
+        "CPU; --threads again after a few quiet seconds; int8 and int8-row only, other "
+        "quantizations keep --threads) or fixed (always --threads); docs/latency.md.",
         choices=THREAD_POLICIES,
     )
     quantize: str = _setting(
@@ -217,7 +232,8 @@ class Config:
     connection_limit: int = _setting(
         500,
         "Open HTTP connections at most (idle ones included); past it a few more are taken "
-        "for /health only (others get a quick 503), then more wait in the kernel's backlog.",
+        "for /health only (others get a quick 503), then more wait in the kernel's backlog "
+        "until one closes.",
         1,
         100_000,
     )
@@ -240,13 +256,14 @@ class Config:
     )
     mlock: bool = _setting(
         False,
-        "Lock the loaded model and the code that runs it in RAM (mlockall), so memory "
-        "pressure cannot page them out; needs LimitMEMLOCK=infinity (the unit has it).",
+        "Lock what is resident after the warm-up (the model, the code that runs it) in RAM "
+        "with mlockall, so memory pressure cannot page it out; needs LimitMEMLOCK=infinity "
+        "(the unit has it), else one WARNING line and it runs unlocked.",
     )
     gc_policy: str = _setting(
         "idle",
-        "Python garbage collector: idle (freeze what exists after loading; oldest "
-        "generation only between jobs) or python (its own thresholds).",
+        "Python garbage collector: idle (freeze what exists after the warm-up; the oldest "
+        "generation runs only between jobs) or python (its own thresholds).",
         choices=GC_POLICIES,
     )
     log_level: str = _setting(
@@ -317,8 +334,13 @@ def _convert(f: dataclasses.Field, text: str):
 def _range(f: dataclasses.Field) -> str:
     minimum, maximum = f.metadata.get("min"), f.metadata.get("max")
     if maximum is None:
-        return f"at least {minimum:g}"
-    return f"from {minimum:g} to {maximum:g}"
+        return f"at least {_number(minimum)}"
+    return f"from {_number(minimum)} to {_number(maximum)}"
+
+
+def _number(bound: float) -> str:
+    """A whole bound in full (1048576, where :g says 1.04858e+06), a fraction as :g."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _parse_int(text: str) -> int:
