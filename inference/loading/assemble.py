@@ -16,12 +16,7 @@ from pathlib import Path
 
 from inference.host.cpu import CpuUnsupported
 from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
-from inference.runtime.jobs import (
-    MAX_REPETITION_PENALTY,
-    MAX_TEMPERATURE,
-    MAX_TOP_K,
-    SamplingDefaults,
-)
+from inference.runtime.jobs import SAMPLING_RANGES, SamplingDefaults
 from service.config import EMBEDDED_MODEL, Config
 
 log = logging.getLogger("deskchat.loading")
@@ -147,15 +142,9 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-# The generation_config.json keys vLLM takes as a model's sampling defaults, with the range
-# a request's own value must be in (web/dialects/validation.py): (low, high, low excluded).
-GENERATION_KEYS = {
-    "temperature": (0.0, MAX_TEMPERATURE, False),
-    "top_p": (0.0, 1.0, True),
-    "top_k": (-1, MAX_TOP_K, False),
-    "min_p": (0.0, 1.0, False),
-    "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, True),
-}
+# The generation_config.json keys vLLM takes as a model's sampling defaults; each must be in
+# the range a request's own value must be in (SAMPLING_RANGES).
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def sampling_defaults(folder: Path, policy: str) -> SamplingDefaults:
@@ -175,14 +164,13 @@ def sampling_defaults(folder: Path, policy: str) -> SamplingDefaults:
         log.warning("%s is not readable JSON (%s); sampling defaults: greedy", path, exc)
         raw = {}
     values = {}
-    for key, (low, high, low_open) in GENERATION_KEYS.items():
+    for key in GENERATION_KEYS:
         value = raw.get(key) if isinstance(raw, dict) else None
         if value is None:
             continue
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if key == "top_k":
-            number = isinstance(value, int) and not isinstance(value, bool)
-        if not number or not low <= value <= high or (low_open and value == low):
+        allowed = SAMPLING_RANGES[key]
+        number = isinstance(value, int if allowed.integer else int | float)
+        if not number or isinstance(value, bool) or not allowed.holds(value):
             log.warning("%s: %s %r is out of range; not used as a default", path, key, value)
             continue
         values[key] = max(value, 0) if key == "top_k" else float(value)

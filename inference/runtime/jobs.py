@@ -34,13 +34,39 @@ class Sampling:
     top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
 
 
-# The upper bounds of the sampling knobs a request or a model's generation_config.json may
-# set (web/dialects/validation.py, inference/loading/assemble.py). repetition_penalty is a
-# factor > 0 (1: off) and models ship 1.0-1.3: past MAX_REPETITION_PENALTY it only garbles
-# answers, so a larger value is taken for a mistake. A top_k past any vocabulary is off.
-MAX_TEMPERATURE = 2.0
-MAX_REPETITION_PENALTY = 10.0
-MAX_TOP_K = 1_000_000
+@dataclass(frozen=True)
+class Range:
+    """The values a sampling field may hold: [low, high], or (low, high] when `low_open`."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    integer: bool = False
+
+    def holds(self, value: float) -> bool:
+        return self.low <= value <= self.high and not (self.low_open and value == self.low)
+
+    def __str__(self) -> str:
+        if self.integer:
+            return f"an integer from {self.low:d} to {self.high:d}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+# The one table of what a request, or a model's generation_config.json, may set
+# (web/dialects/validation.py, inference/loading/assemble.py). repetition_penalty is a factor
+# > 0 (1: off) and models ship 1.0-1.3: past 10 it only garbles answers, so a larger value is
+# taken for a mistake. A top_k past any vocabulary is off, as are 0 and -1 (vLLM's word for
+# it). The penalties and top_logprobs have OpenAI's ranges.
+SAMPLING_RANGES = {
+    "temperature": Range(0.0, 2.0),
+    "top_p": Range(0.0, 1.0, low_open=True),
+    "top_k": Range(-1, 1_000_000, integer=True),  # 0 or -1: off
+    "min_p": Range(0.0, 1.0),
+    "repetition_penalty": Range(0.0, 10.0, low_open=True),
+    "frequency_penalty": Range(-2.0, 2.0),
+    "presence_penalty": Range(-2.0, 2.0),
+    "top_logprobs": Range(0, 20, integer=True),
+}
 
 
 @dataclass(frozen=True)

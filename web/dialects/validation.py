@@ -12,15 +12,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from inference.runtime.jobs import MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
+from inference.runtime.jobs import SAMPLING_RANGES
 from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
 
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
-MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range, -2 to 2
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # The fields every dialect reads with `sampling()`, under the same names.
 SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
 SAMPLING_FIELDS |= {"frequency_penalty", "presence_penalty", "seed", "logprobs", "top_logprobs"}
@@ -109,11 +107,9 @@ def message_list(raw) -> list:
     return raw
 
 
-def number(
-    body: dict, key: str, default: float | None, low: float, high: float, low_open: bool = False
-) -> float | None:
-    """A finite number in [low, high] (or (low, high]); any JSON number, however large.
-    Left out or null: `default`."""
+def number(body: dict, key: str, default: float | None) -> float | None:
+    """A finite number in the key's SAMPLING_RANGES; any JSON number, however large. Left
+    out or null: `default`."""
     value = body.get(key)
     if value is None:
         return default
@@ -123,14 +119,23 @@ def number(
         as_float = math.inf
     if isinstance(value, bool) or not math.isfinite(as_float):
         raise InvalidRequest(f"'{key}' must be a finite number", param=key)
-    if as_float > high or as_float < low or (low_open and as_float == low):
-        bracket = "(" if low_open else "["
+    allowed = SAMPLING_RANGES[key]
+    if not allowed.holds(as_float):
         shown = repr(value) if isinstance(value, float) else str(value)  # as sent
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise InvalidRequest(
-            f"'{key}' must be in {bracket}{low:g}, {high:g}], got {shown}", param=key
-        )
+        raise InvalidRequest(f"'{key}' must be {allowed}, got {shown}", param=key)
     return as_float
+
+
+def integer(value, key: str) -> int | None:
+    """None when left out, else an integer in the key's SAMPLING_RANGES."""
+    if value is None:
+        return None
+    allowed = SAMPLING_RANGES[key]
+    if not is_int(value) or not allowed.holds(value):
+        off = " (0 or -1: off)" if key == "top_k" else ""
+        raise InvalidRequest(f"'{key}' must be {allowed}{off}", param=key)
+    return value
 
 
 def sampling(body: dict) -> dict:
@@ -138,45 +143,22 @@ def sampling(body: dict) -> dict:
     left out of temperature, top_p, top_k, min_p and repetition_penalty stays None: the
     served defaults fill it in (web/relay.py)."""
     asked_logprobs = flag(body, "logprobs")
-    alternatives = top_logprobs(body.get("top_logprobs"))
+    alternatives = integer(body.get("top_logprobs"), "top_logprobs") or 0
     if alternatives and not asked_logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    top_k = integer(body.get("top_k"), "top_k")
     return {
-        "temperature": number(body, "temperature", None, 0.0, MAX_TEMPERATURE),
-        "top_p": number(body, "top_p", None, 0.0, 1.0, low_open=True),
-        "top_k": top_k(body.get("top_k")),
-        "min_p": number(body, "min_p", None, 0.0, 1.0),
-        "repetition_penalty": number(
-            body, "repetition_penalty", None, 0.0, MAX_REPETITION_PENALTY, low_open=True
-        ),
-        "frequency_penalty": number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
-        "presence_penalty": number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "temperature": number(body, "temperature", None),
+        "top_p": number(body, "top_p", None),
+        "top_k": None if top_k is None else max(top_k, 0),  # 0 and -1: off
+        "min_p": number(body, "min_p", None),
+        "repetition_penalty": number(body, "repetition_penalty", None),
+        "frequency_penalty": number(body, "frequency_penalty", 0.0),
+        "presence_penalty": number(body, "presence_penalty", 0.0),
         "seed": seed(body.get("seed")),
         "logprobs": asked_logprobs,
         "top_logprobs": alternatives,
     }
-
-
-def top_k(value) -> int | None:
-    """None when left out; 0 and -1 (vLLM's word for it) turn it off."""
-    if value is None:
-        return None
-    if not is_int(value) or not -1 <= value <= MAX_TOP_K:
-        raise InvalidRequest(
-            f"'top_k' must be an integer from -1 to {MAX_TOP_K} (0 or -1: off)", param="top_k"
-        )
-    return max(value, 0)
-
-
-def top_logprobs(value) -> int:
-    if value is None:
-        return 0
-    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise InvalidRequest(
-            f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}",
-            param="top_logprobs",
-        )
-    return value
 
 
 def positive_int(value, key: str) -> int | None:
