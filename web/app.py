@@ -28,7 +28,7 @@ from web import metrics, page
 from web.access.auth import Gate
 from web.access.proxy import client_address, parse_networks, request_id_from
 from web.dialects import chat_api, openai_api
-from web.errors import MethodNotAllowed, NotFound, headers_of, status_of
+from web.errors import MethodNotAllowed, NotFound, Refused, headers_of, status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
 
@@ -41,9 +41,10 @@ ERROR_SHAPES = (("/v1/", openai_api.error_body),)
 __all__ = ["Runtime", "create_app"]
 
 
-def _error_body(error: ServiceError, status: int) -> dict:
+def error_body(path: str, error: ServiceError, status: int) -> dict:
+    """The error's body in the dialect of the route asked for: the one choice of shaper."""
     for prefix, shape in ERROR_SHAPES:
-        if request.path.startswith(prefix):
+        if path.startswith(prefix):
             return shape(error, status)
     return chat_api.error_body(error, status)
 
@@ -71,13 +72,15 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     counted = metrics.Metrics(config, runtime)
 
-    def refused(method: str, path: str, status: int, kind: str) -> None:
-        """What waitress answered itself is counted too, under the route it asked for."""
+    def refused(method: str, path: str, error: Refused) -> dict:
+        """What waitress answered itself is counted too, under the route it asked for, and
+        answered in that route's dialect."""
         try:
             rule = app.url_map.bind("").match(path, method, return_rule=True)[0].rule
         except (HTTPException, UnicodeError, ValueError):
             rule = metrics.UNMATCHED_ROUTE
-        counted.observe_refused(rule, status, kind)
+        counted.observe_refused(rule, error.status, error.type)
+        return error_body(path, error, error.status)
 
     app.extensions["deskchat.refused"] = refused
 
@@ -101,7 +104,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             g.log.finish(status, error=exc)
         if isinstance(exc, Cancelled):
             return Response(status=499)  # the client left; nobody reads this
-        response = jsonify(_error_body(exc, status))
+        response = jsonify(error_body(request.path, exc, status))
         response.status_code = status
         response.headers.update(headers_of(exc))
         return response

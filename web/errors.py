@@ -34,6 +34,19 @@ class TooManyFailures(Retryable):
     type = "too_many_failures"
 
 
+class Refused(ServiceError):
+    """A request waitress answered itself, before Flask (malformed, too slow, too large, past
+    the connection limit): its kind comes from the status waitress chose (`kind_of_status`)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+        self.type = HTTP_KINDS.get(status) or next(
+            (kind for kind, code in STATUS.items() if code == status), "internal"
+        )
+
+
+# The one status table: each kind of error and the status it is answered with.
 STATUS = {
     "invalid_request": 400,
     "unauthorized": 401,
@@ -47,7 +60,13 @@ STATUS = {
     "loading": 503,
     "unavailable": 503,
     "timeout": 504,
+    "not_implemented": 501,
+    "http_version_not_supported": 505,
 }
+# Statuses only the HTTP layer answers, whose kind is answered elsewhere with another status:
+# a request that did not arrive in time (a timeout, 408; an answer that did not: 504), and
+# headers over waitress' limit (too large, 431; a body: 413).
+HTTP_KINDS = {408: "timeout", 431: "too_large"}
 # Retry-After bounds. Under a second the official OpenAI client would retry at once (it reads
 # retry-after-ms first); above 60 s older clients give up instead of waiting.
 MIN_RETRY_AFTER_S = 1.0
@@ -55,6 +74,8 @@ MAX_RETRY_AFTER_S = 60.0
 
 
 def status_of(error: ServiceError) -> int:
+    if isinstance(error, Refused):
+        return error.status
     return STATUS.get(error.type, 500)
 
 

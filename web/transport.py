@@ -37,6 +37,7 @@ from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest, Error
 
 from service.config import Config
+from web.errors import Refused
 
 # waitress checks its timeouts this often (seconds; its own default is 30)
 MAINTENANCE_INTERVAL_S = 1
@@ -69,27 +70,19 @@ class ConnectionsFull(Error):
     reason = "Service Unavailable"
 
 
-# The `type` of each status waitress answers itself; anything else is `internal`.
-ERROR_TYPES = {
-    400: "invalid_request",
-    408: "timeout",
-    413: "too_large",
-    431: "too_large",
-    501: "not_implemented",
-    503: "overloaded",
-    505: "http_version_not_supported",
-}
-
-
 class JsonErrorTask(ErrorTask):
     """waitress answers malformed requests itself, before Flask; in text/plain by default."""
 
     def execute(self):
         error = self.request.error
-        kind = ERROR_TYPES.get(error.code, "internal")
-        # A 500 from waitress carries a traceback or an internal detail in its body.
-        message = error.reason if kind == "internal" else f"{error.reason}: {error.body}"
-        body = json.dumps({"error": {"message": message, "type": kind, "code": error.code}})
+        refusal = Refused(f"{error.reason}: {error.body}", error.code)
+        if refusal.type == "internal":  # waitress' 500 carries a traceback in its body
+            refusal.message = error.reason
+        # a request whose headers never ended has no method or path yet
+        method = getattr(self.request, "command", None) or ""
+        path = getattr(self.request, "path", None) or ""
+        # The app counts it like any other request and shapes it in the path's dialect.
+        body = json.dumps(self.channel.server.refused(method, path, refusal))
         self.status = f"{error.code} {error.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
         if error.code == 503:
@@ -97,11 +90,6 @@ class JsonErrorTask(ErrorTask):
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body.encode())
-        refused = self.channel.server.refused
-        if refused is not None:  # the app's metrics count it like any other request
-            # a request whose headers never ended has no method or path yet
-            method = getattr(self.request, "command", None) or ""
-            refused(method, getattr(self.request, "path", None) or "", error.code, kind)
 
 
 class StrictRequestParser(HTTPRequestParser):
@@ -188,8 +176,8 @@ class JsonErrorChannel(HTTPChannel):
 class DeskchatServer(TcpWSGIServer):
     channel_class = JsonErrorChannel
     read_timeout = 10.0  # seconds; make_http_server() sets it from the config
-    # (method, path, status, type) of each request answered here, not by the app: the app's
-    # metrics (web/app.py puts it in app.extensions)
+    # refused(method, path, Refused) -> the error body: what waitress answers itself is
+    # counted by the app's metrics and shaped in the path's dialect (web/app.py)
     refused = None
 
     def maintenance(self, now):
@@ -303,7 +291,7 @@ def _bind(config: Config, app):
                 app, socket_map, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo
             )
             server.read_timeout = config.http_read_timeout
-            server.refused = getattr(app, "extensions", {}).get("deskchat.refused")
+            server.refused = app.extensions["deskchat.refused"]
             servers.append(server)
     except BaseException:
         wasyncore.close_all(socket_map)  # what was opened before the failure

@@ -115,6 +115,18 @@ def test_body_over_waitress_own_limit_is_413_json(fake_server):
     assert json.loads(body)["error"]["type"] == "too_large"
 
 
+def test_what_waitress_refuses_on_v1_is_in_openai_shape(fake_server):
+    server = fake_server(None, "--max-body-bytes", "1024")
+    head, body = raw_exchange(
+        server.url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n{",
+    )
+    assert head.startswith(b"HTTP/1.1 413")
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "too_large"
+    assert "param" in error and error["message"]
+
+
 def test_malformed_http_is_400_json(fake_server):
     head, body = raw_exchange(
         fake_server().url, b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n"
