@@ -23,7 +23,7 @@ from inference.loading.assemble import (
     ModelLoadError,
     choose_model,
     load_model,
-    native_step,
+    plan_for,
     sampling_defaults,
 )
 from inference.loading.embedded import EmbeddedMissing
@@ -198,7 +198,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         name_this_thread()  # torch's OpenMP threads, started from here, inherit the name
         if pinning:
             pinning.pin_inference()  # ... and this CPU mask
-        engine, prompts = load_model(choice, config, status, build_grammars)
+        engine, prompts = load_model(choice, config, status, build_grammars, plan)
         return engine
 
     def abandon() -> None:
@@ -223,6 +223,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
 
     _settle_host(config)
     runtime.prompts, runtime.model_name = prompts, engine.name
+    runtime.cpu = engine.plan.as_dict()  # the plan that serves (torch's step if it had to)
     runtime.decode_step = engine.decode_step
     runtime.weights_digest = engine.weights_digest
     runtime.defaults = sampling_defaults(choice.path, config.sampling_defaults)
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         # inherits its mask.
         config, pinning = _pinning(config)
         # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
-        plan = cpu.plan_here(config.quantize, config.int8_engine, native_step(config) is not None)
+        # The one execution plan: made here, passed down to the load.
+        plan = plan_for(config)
     except ConfigError as exc:
         print(f"server.py: {exc}", file=sys.stderr)
         return 2

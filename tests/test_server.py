@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -117,11 +118,12 @@ def test_health_and_the_log_show_the_cpu_paths(embedded_server):
     from inference.native import build
 
     # the native step is on by default and built here (.ci/run installs the compiler)
-    plan = cpu.plan_here("auto", native=True)
+    level = build.level(build.this_cpu())
+    plan = cpu.plan_here("auto", library=SimpleNamespace(isa=level))
     health = request(embedded_server.url, "GET", "/health").json()
     assert health["cpu"] == plan.as_dict()
     assert plan.as_dict()["paths"]["int8_row"] == "native"
-    assert health["decode_step"] == f"native {build.level(build.this_cpu())}"
+    assert health["decode_step"] == f"native {level}" == health["cpu"]["step"]
     assert embedded_server.log().count(f"INFO deskchat.loading: {plan.summary()}") == 1
 
 

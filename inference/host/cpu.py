@@ -143,11 +143,28 @@ def choose(facts: CpuFacts) -> Paths:
 
 @dataclass(frozen=True)
 class Plan:
-    """The paths of this CPU and the quantization actually served."""
+    """How this process runs the model, decided once at start and passed down: the CPU's
+    paths, the weights' format (`quantize`) and which step serves (`step`)."""
 
     paths: Paths
     requested: str  # --quantize
     quantize: str  # what is served: `requested`, or none where int8 cannot run
+    # The native decode step's library (inference/native) when it was built and loaded here
+    library: object | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def native(self):
+        """The native library when it runs the step: its int8 rows are the weights' format."""
+        return self.library if self.quantize == "int8-row" else None
+
+    @property
+    def step(self) -> str:
+        """What runs each decode step: "native <build level>" or "torch"."""
+        return f"native {self.native.isa}" if self.native is not None else "torch"
+
+    def on_torch(self) -> Plan:
+        """This plan with torch's step: for a model whose layers the native step cannot run."""
+        return dataclasses.replace(self, library=None)
 
     def summary(self) -> str:
         """The one log line of what was found and chosen."""
@@ -160,22 +177,23 @@ class Plan:
         return (
             f"cpu {p.isa}{' +vnni' if p.vnni else ''}: int8 {p.int8}, int8-row {p.int8_row}, "
             f"int4 {p.int4}, bf16 {p.bf16}, attention {p.attention}; "
-            f"serving quantize={self.quantize}{fallback}"
+            f"serving quantize={self.quantize}{fallback}, step {self.step}"
         )
 
     def as_dict(self) -> dict:
-        return {**self.paths.as_dict(), "quantize": self.quantize}
+        return {**self.paths.as_dict(), "quantize": self.quantize, "step": self.step}
 
 
 DEFAULT_QUANTIZE = "auto"
 
 
-def plan(paths: Paths, requested: str, int8_engine: str = "auto", native: bool = False) -> Plan:
+def plan(paths: Paths, requested: str, int8_engine: str = "auto", library=None) -> Plan:
     """What to serve for --quantize `requested` and --int8-engine on a CPU with `paths`.
     The defaults never fail (fp32 where no int8 kernel works); another choice that cannot
-    run here is refused with a message saying why and what to use instead. `native`: the
+    run here is refused with a message saying why and what to use instead. `library`: the
     native decode step (inference/native) loaded here, which runs int8-row on any CPU."""
-    if native:
+    plan_of = functools.partial(Plan, library=library)
+    if library is not None:
         paths = dataclasses.replace(paths, int8_row="native")
     if int8_engine != "auto":
         if int8_engine not in paths.int8_engines:
@@ -191,9 +209,9 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", native: bool =
         # closer to float, and the same answer alone or in a batch (docs/speed.md).
         row = paths.int8_row != NONE
         best = "int8-row" if row else "int8" if paths.int8 != NONE else NONE
-        return Plan(paths, requested, best)
+        return plan_of(paths, requested, best)
     if requested == "int8" and paths.int8 == NONE:
-        return Plan(paths, requested, NONE)
+        return plan_of(paths, requested, NONE)
     why = {
         "int8-row": (
             paths.int8_row,
@@ -207,7 +225,7 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", native: bool =
             f"({paths.isa}, {'VNNI' if paths.vnni else 'no VNNI'}): it {why[1]}; use "
             f"--quantize auto (the default), int8 ({paths.int8} here) or none"
         )
-    return Plan(paths, requested, requested)
+    return plan_of(paths, requested, requested)
 
 
 def proc_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
@@ -255,9 +273,9 @@ def detect() -> CpuFacts:
     )
 
 
-def plan_here(requested: str, int8_engine: str = "auto", native: bool = False) -> Plan:
+def plan_here(requested: str, int8_engine: str = "auto", library=None) -> Plan:
     """This machine's plan for --quantize and --int8-engine; raises CpuUnsupported."""
-    return plan(choose(detect()), requested, int8_engine, native)
+    return plan(choose(detect()), requested, int8_engine, library)
 
 
 def use(chosen: Plan) -> None:

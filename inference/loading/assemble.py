@@ -183,14 +183,15 @@ def sampling_defaults(folder: Path, policy: str) -> SamplingDefaults:
     return defaults
 
 
-def load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer=None):
+def load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer=None, plan=None):
     """Load the tokenizer (one, shared by handlers and worker) and the model from the chosen
-    folder; returns (Engine, PromptBuilder). `on_tokenizer(tokenizer, vocab_size)` runs
+    folder, as `plan` says (made by `plan_for(config)` when not given); returns (Engine,
+    PromptBuilder). `on_tokenizer(tokenizer, vocab_size)` runs
     between the two: what is built from the tokenizer alone (the grammar tables) peaks
     before the weights are in memory, not on top of them. Whatever keeps the folder from
     loading is a ModelLoadError of one line."""
     try:
-        return _load_model(choice, config, status, on_tokenizer)
+        return _load_model(choice, config, plan or plan_for(config), status, on_tokenizer)
     except (ModelLoadError, CpuUnsupported):
         raise
     except Exception as exc:  # transformers, safetensors and torch each raise their own
@@ -203,20 +204,23 @@ def load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer
         ) from None
 
 
-def native_step(config: Config):
-    """The native decode step's library for this CPU (inference/native), or None: off by
-    --native, or no compiler (then one WARNING line). Loaded once per process."""
-    if not config.native:
-        return None
+def plan_for(config: Config):
+    """The execution plan (inference/host/cpu.py's Plan): this CPU's paths, the weights'
+    format and which step serves, with the native decode step's library for this CPU
+    (inference/native) unless --native is off or there is no compiler (then one WARNING
+    line). The server makes it once at start; raises CpuUnsupported."""
     from inference.host import cpu
     from inference.native import build, library
 
-    facts = cpu.detect()
-    isa = build.for_cpu(cpu.choose(facts).isa, facts.flags)
-    return library.load(isa, Path(config.cache_dir) / "native")
+    lib = None
+    if config.native:
+        facts = cpu.detect()
+        isa = build.for_cpu(cpu.choose(facts).isa, facts.flags)
+        lib = library.load(isa, Path(config.cache_dir) / "native")
+    return cpu.plan_here(config.quantize, config.int8_engine, lib)
 
 
-def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenizer):
+def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_tokenizer):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -227,8 +231,6 @@ def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenize
     from inference.runtime.prompt import PromptBuilder, read_only, shed_build_copies
 
     torch.set_num_threads(config.threads)
-    lib = native_step(config)
-    plan = cpu.plan_here(config.quantize, config.int8_engine, native=lib is not None)
     fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
     (log.warning if fell_back else log.info)("%s", plan.summary())
     cpu.use(plan)
@@ -252,8 +254,7 @@ def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenize
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-        lib = lib if quantize == "int8-row" else None
-        model = load_quantized(choice.path, quantize, config.dtype, calibration, lib)
+        model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",
@@ -272,6 +273,11 @@ def _load_model(choice: ModelChoice, config: Config, status: Status, on_tokenize
         eos_token_ids(model, tokenizer),
         prefix_cache=config.prefix_cache,
         speculate=config.speculate,
+        native=plan.native,
     )
+    if plan.native is not None and engine.decoder.native is None:
+        log.warning("the native step cannot run %s's layers: torch's step serves", choice.name)
+        plan = plan.on_torch()
+    engine.plan = plan  # the plan that serves, for /health and /metrics
     log.info("decode step: %s", engine.decode_step)
     return engine, PromptBuilder(tokenizer, context, config.max_prompt_tokens)

@@ -77,7 +77,9 @@ class _Fused:
 
 
 class Decoder:
-    def __init__(self, model, context_tokens: int):
+    def __init__(self, model, context_tokens: int, native=None):
+        """`native`: the native library the plan chose to run each step (inference/native),
+        whose int8 rows the weights were built in; None for torch's step."""
         _check_supported(model)
         config = model.config
         body = model.model
@@ -115,7 +117,7 @@ class Decoder:
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rotate
         self.eps = float(body.norm.variance_epsilon) if self.fused_norms else 0.0
         self.intermediate = self._fused[0].gate_up_sizes[0] if self._fused else 0
-        self._native = self._native_model()
+        self._native = self._native_model(native)
         # Keys and values: float16 where the native step runs (it converts them exactly, in
         # and out, and reads half the bytes per attended position), else the compute dtype.
         self.kv_dtype = torch.float16 if self._native is not None else self.dtype
@@ -125,14 +127,13 @@ class Decoder:
         """The native library's build level when it runs this decoder's steps, else None."""
         return self._native.lib.isa if self._native is not None else None
 
-    def _native_model(self):
-        """The whole step in the native library (inference/native) when every projection
-        is one of its int8 weights and the layers are plain (RMSNorm, SiLU, float32)."""
-        if not (self._fused and self.fused_norms):
+    def _native_model(self, native):
+        """The whole step in the `native` library when the layers are plain (RMSNorm, SiLU,
+        float32), else None: torch's step runs them (the loader says so)."""
+        if native is None or not (self._fused and self.fused_norms):
             return None
-        libraries = {getattr(linear, "native", None) for linear in self.step_linears()}
-        if len(libraries) != 1 or None in libraries:
-            return None
+        if any(getattr(linear, "native", None) is not native for linear in self.step_linears()):
+            raise ValueError("the weights were not built for the native library the plan chose")
         if any(
             type(p.act).__name__ != "SiLUActivation" and not isinstance(p.act, torch.nn.SiLU)
             for p in self._fused
@@ -141,7 +142,7 @@ class Decoder:
         from inference.native.library import NativeModel
 
         try:
-            return NativeModel(libraries.pop(), self)
+            return NativeModel(native, self)
         except ValueError:
             return None
 

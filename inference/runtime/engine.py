@@ -122,6 +122,7 @@ class Engine:
         eos_ids: set[int],
         prefix_cache: bool = False,
         speculate: bool = False,
+        native=None,
     ):
         self.model = model
         self.vocab_size = model.config.vocab_size  # the width of the logits
@@ -130,7 +131,7 @@ class Engine:
         self.context_tokens = context_tokens
         self.eos_ids = eos_ids
         self.prefix_cache = prefix_cache
-        self.decoder = Decoder(model, context_tokens)
+        self.decoder = Decoder(model, context_tokens, native)  # native: the plan's library
         self.pieces = TokenPieces(tokenizer)  # token text and bytes, for logprobs
         # True when every Linear is per-row int8: a row's result is the same in any batch
         # and any chunking, so several streams may share a step, and drafted tokens may be

@@ -19,7 +19,12 @@ def speculating_and_plain(embedded_dir):
     engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
     assert engine.speculate
     plain = Engine(
-        engine.model, engine.tokenizer, engine.name, engine.context_tokens, engine.eos_ids
+        engine.model,
+        engine.tokenizer,
+        engine.name,
+        engine.context_tokens,
+        engine.eos_ids,
+        native=engine.plan.native,
     )
     assert not plain.speculate
     return engine, plain, prompts

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from inference.host import cpu
@@ -186,3 +188,15 @@ def test_an_int8_engine_that_works_is_used_as_asked():
     chosen = cpu.plan(paths_of("Haswell"), "int8", "qnnpack")
     assert chosen.paths.int8 == "qnnpack" and chosen.as_dict()["paths"]["int8"] == "qnnpack"
     assert cpu.plan(paths_of("Sandy / Ivy Bridge"), "int8", "onednn").paths.int8 == "onednn"
+
+
+def test_the_plan_names_the_step_that_serves():
+    library = SimpleNamespace(isa="avx2")  # what the plan reads of a native library
+    paths = paths_of("Haswell")
+    native = cpu.plan(paths, "auto", library=library)
+    assert native.quantize == "int8-row" and native.native is library
+    assert native.step == native.as_dict()["step"] == "native avx2"
+    assert "step native avx2" in native.summary()
+    assert cpu.plan(paths, "int8", library=library).step == "torch"  # torch.ao's int8 weights
+    assert cpu.plan(paths, "auto").step == "torch"
+    assert native.on_torch().as_dict()["step"] == "torch"

@@ -119,7 +119,7 @@ def load(embedded_dir, tokenizer, library: Library | None) -> Decoder:
 
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
     model = load_quantized(embedded_dir, "int8-row", "auto", calibration, native=library)
-    return Decoder(model, CONTEXT)
+    return Decoder(model, CONTEXT, library)
 
 
 @pytest.fixture(scope="module")
