@@ -27,7 +27,7 @@ from service.errors import (
 from web import metrics, page
 from web.access.auth import Gate
 from web.access.proxy import client_address, parse_networks, request_id_from
-from web.dialects import chat_api, openai_api
+from web.dialects import chat_api, openai_api, tokenize
 from web.errors import MethodNotAllowed, NotFound, Refused, headers_of, status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
@@ -153,6 +153,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     app.register_blueprint(chat_api.blueprint(config, runtime))
     app.register_blueprint(openai_api.blueprint(config, runtime))
+    app.register_blueprint(tokenize.blueprint(config, runtime))
     app.register_blueprint(metrics.blueprint(counted))
     app.register_blueprint(page.blueprint())
     return app

@@ -57,8 +57,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         raise Loading()
     runtime.worker.check_room()
     grammar = _grammar(chat_request, runtime)
-    functions = chat_request.tools.functions if chat_request.tools else None
-    prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
+    prompt_ids = prompt_of(chat_request, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
     admit(len(prompt_ids), config, runtime.worker)
     sampling = Sampling(
@@ -85,6 +84,13 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
+
+
+def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:
+    """The prompt's token ids: the chat template over the messages, the system text and the
+    tools' definitions. What a request is answered from and what /tokenize counts."""
+    functions = chat_request.tools.functions if chat_request.tools else None
+    return runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
 
 
 def _grammar(chat_request: ChatRequest, runtime: Runtime) -> Grammar | None:

@@ -180,6 +180,11 @@ class PromptBuilder:
                     self._tokenizer, "split_special_tokens", False
                 )
 
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text's ids, no template: control tokens' names read as characters."""
+        with self._lock:
+            return self._plain(text)
+
     def with_tokenizer(self, use):
         """`use(tokenizer)`, under the lock that keeps handler threads off each other."""
         with self._lock:

@@ -118,6 +118,9 @@ class FakePrompts(PromptBuilder):
     def encode(self, messages, system=None, tools=None):
         return [ord(c) for c in messages[-1]["content"]]
 
+    def encode_text(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
 
 class FakeGrammars:
     """Stands in for the SchemaCompiler where a scripted engine ignores the grammar: records
