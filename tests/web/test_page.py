@@ -184,6 +184,58 @@ def test_stop_frees_the_worker(browser, model_server, tmp_path):
     screenshot(browser, tmp_path, "chat-page-stopped.png")
 
 
+@pytest.fixture(scope="module")
+def small_limit_server(tmp_path_factory):
+    """server.py with the embedded model and a prompt limit a conversation passes within a
+    few exchanges; short answers keep 40 of them quick."""
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("page-limit-srv"),
+        *("--model", "embedded", "--max-prompt-tokens", "300", "--max-tokens-default", "24"),
+    )
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+EXCHANGES = 40
+
+
+def test_a_long_conversation_keeps_answering_and_says_what_was_left_out(
+    browser, small_limit_server, tmp_path
+):
+    server = small_limit_server
+    browser.get(server.url + "/")
+    before = scrape(server.url)
+    for n in range(1, EXCHANGES + 1):
+        ask(browser, f"Question {n}: name one fruit and one colour.")
+        answer = finished_answer(browser, n, 120)
+        assert "error" not in answer.find_element(By.CLASS_NAME, "meta").get_attribute("class"), (
+            n,
+            meta_text(answer),
+        )
+        assert body_text(answer), n
+    notices = browser.find_elements(By.CSS_SELECTOR, "#log .notice")
+    assert len(notices) == 1, "one notice, kept above the newest question"
+    said = notices[0].text
+    assert "left out" in said, said
+    left = int(said.split()[1])  # "The N oldest messages were left out ..."
+    assert 0 < left < 2 * EXCHANGES and left % 2 == 0  # whole exchanges
+    newest = browser.find_elements(By.CSS_SELECTOR, "#log .msg.user")[-1]
+    following = browser.execute_script("return arguments[0].nextElementSibling", notices[0])
+    assert following == newest
+    after = scrape(server.url)
+    route = "/v1/chat/completions"
+
+    def sent(status: str) -> float:
+        return value(after, "deskchat_requests_total", route=route, status=status, key="") - value(
+            before, "deskchat_requests_total", route=route, status=status, key=""
+        )
+
+    assert sent("200") == EXCHANGES and sent("413") == 0
+    screenshot(browser, tmp_path, "chat-page-long.png")
+
+
 # -- a scripted engine on the in-process server ----------------------------------------------
 
 INJECTION = [

@@ -5,6 +5,7 @@
 "use strict";
 
 const API = "/v1/chat/completions";
+const TOKENIZE = "/v1/tokenize"; // the count the answer's prompt_tokens will report
 const KEY_STORE = "deskchat.apiKey";
 const DEFAULT_RETRY_S = 5;
 
@@ -20,8 +21,9 @@ const modelLine = $("model");
 const keyDialog = $("key-dialog");
 const keyInput = $("key");
 
-let history = []; // the conversation sent with each request: {role, content}
+let history = []; // the whole conversation, {role, content}: what is sent is fitted from it
 let running = null; // the AbortController of the answer in progress
+let notice = null; // the line saying older messages were left out, when they were
 
 class Failure extends Error {}
 
@@ -202,23 +204,74 @@ async function readStream(response, answer) {
   return result;
 }
 
+function post(path, body, headers, signal) {
+  return fetch(path, { method: "POST", headers, body: JSON.stringify(body), signal });
+}
+
+// The messages to send: the whole conversation when the server takes it, else without its
+// oldest exchanges (a system message and the newest question always stay), as many as the
+// server's /v1/tokenize says must go. Returns null when even the newest question alone is
+// too long (the server's 413 then says so).
+async function fitted(conversation, whole, headers, signal) {
+  if (whole.fits) return { messages: conversation, left: 0 };
+  const system = conversation.filter((m) => m.role === "system");
+  const rest = conversation.filter((m) => m.role !== "system");
+  const starts = rest.flatMap((m, i) => (m.role === "user" && i > 0 ? [i] : []));
+  const keep = (start) => [...system, ...rest.slice(start)];
+  // Dropping more never adds tokens: find the fewest exchanges to leave out.
+  let low = 0;
+  let high = starts.length - 1; // the newest question alone
+  let best = null;
+  while (low <= high) {
+    const middle = (low + high) >> 1;
+    const response = await post(TOKENIZE, { model: "deskchat", messages: keep(starts[middle]) },
+      headers, signal);
+    if (!response.ok) break;
+    if ((await response.json()).fits) {
+      best = starts[middle];
+      high = middle - 1;
+    } else {
+      low = middle + 1;
+    }
+  }
+  return best === null ? null : { messages: keep(best), left: best };
+}
+
+// Says in the conversation, above the newest question, how much the model no longer sees.
+function showLeftOut(left, question) {
+  if (!left) return;
+  if (!notice) {
+    notice = document.createElement("p");
+    notice.className = "notice";
+    notice.setAttribute("role", "status");
+  }
+  const messages = left === 1 ? "message was" : "messages were";
+  notice.textContent = `The ${left} oldest ${messages} left out of what the model sees: the ` +
+    "conversation is longer than this server takes. Start a new chat for a fresh topic.";
+  log.insertBefore(notice, question.item);
+}
+
 // One answer: retries after a 503 (Retry-After) and after a new key for a 401.
-async function ask(messages, answer, signal) {
+async function ask(conversation, question, answer, signal) {
   for (;;) {
     const headers = { "Content-Type": "application/json" };
     const key = localStorage.getItem(KEY_STORE);
     if (key) headers.Authorization = `Bearer ${key}`;
-    const response = await fetch(API, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({
+    let messages = conversation;
+    let response = await post(TOKENIZE, { model: "deskchat", messages }, headers, signal);
+    if (response.ok) {
+      const fit = await fitted(conversation, await response.json(), headers, signal);
+      if (fit) {
+        messages = fit.messages;
+        showLeftOut(fit.left, question);
+      }
+      response = await post(API, {
         model: "deskchat",
         messages,
         stream: true,
         stream_options: { include_usage: true },
-      }),
-      signal,
-    });
+      }, headers, signal);
+    }
     if (response.status === 401) {
       const why = await errorMessage(response);
       const fresh = await askForKey(
@@ -254,13 +307,13 @@ function describe(result) {
 async function send(text) {
   const conversation = history; // "New chat" starts another; this answer belongs to this one
   conversation.push({ role: "user", content: text });
-  addMessage("user", text);
+  const question = addMessage("user", text);
   const answer = addMessage("assistant", "");
   answer.item.setAttribute("aria-busy", "true");
   const controller = new AbortController();
   setRunning(controller);
   try {
-    const result = await ask(conversation, answer, controller.signal);
+    const result = await ask(conversation, question, answer, controller.signal);
     conversation.push({ role: "assistant", content: answer.text });
     if (result.model) showModel(result.model);
     answer.meta.textContent = describe(result);
@@ -308,6 +361,7 @@ stopButton.addEventListener("click", () => {
 $("new-chat").addEventListener("click", () => {
   if (running) running.abort();
   history = [];
+  notice = null;
   log.replaceChildren();
   prompt.focus();
 });
