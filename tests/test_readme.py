@@ -1,8 +1,9 @@
-"""The README shows what the server says: every curl example of "Using it", "OpenAI
-clients" and "Tool calls" is sent to a real server started as `make run` starts it, and its
-status, the keys of its answer and every value the README shows are checked (ids, times and
-the CPU's own figures only by their keys). The JSON example of "JSON answers" runs through
-the openai client and must give the object its comment shows.
+"""The README and docs/api.md show what the server says: every curl example of the README's
+"Using it" and of docs/api.md's "OpenAI clients" and "Tool calls" is sent to a real server
+started as `make run` starts it, and its status, the keys of its answer and every value the
+page shows are checked (ids, times and the CPU's own figures only by their keys). The JSON
+example of docs/api.md's "JSON answers" runs through the openai client and must give the
+object its comment shows.
 
 The server is `python server.py` with no model flag, offline: ModelScope is unreachable
 (DESKCHAT_MODELSCOPE_ENDPOINT points at a closed loopback port), so it falls back to the
@@ -24,6 +25,7 @@ from tests.support.paths import ROOT, TEST_CACHE
 from tests.support.servers import ServerProcess, free_port
 
 README = (ROOT / "README.md").read_text()
+API = (ROOT / "docs" / "api.md").read_text()
 KEY = "readme-key-" + "k" * 16  # stands for the README's KEY
 ELIDED = "<elided>"  # a value shown as {...}
 MORE = "<more>"  # a key set shown with ", ..., " in it: the keys shown are a subset
@@ -31,10 +33,10 @@ MORE = "<more>"  # a key set shown with ", ..., " in it: the keys shown are a su
 VARYING = {"id", "created", "timings", "cpu"}
 
 
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end != -1 else len(README)]
+def section(title: str, text: str = README) -> str:
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
 
 
 def fenced(text: str, lang: str = "") -> list[str]:
@@ -98,9 +100,9 @@ def complete(command: str) -> bool:
     return True
 
 
-def examples(title: str) -> list[Example]:
+def examples(title: str, text: str = README) -> list[Example]:
     found = []
-    for block in fenced(section(title)):
+    for block in fenced(section(title, text)):
         lines = block.splitlines()
         if not lines or not lines[0].startswith("curl "):
             continue
@@ -207,8 +209,10 @@ def check_example(url: str, example: Example) -> None:
 ERROR_STATUS = {"unauthorized": 401, "invalid_request": 400}
 
 USING_IT = examples("Using it")
-OPENAI = examples("OpenAI clients")
-TOOL_CALLS = examples("Tool calls")
+OPENAI = examples("OpenAI clients", API)
+TOOL_CALLS = examples("Tool calls", API)
+# Sections whose curl commands show no output to check.
+NOT_SENT = {"Metrics"}
 
 
 def offline_default_server(tmp_path_factory, *flags: str):
@@ -251,6 +255,19 @@ def test_the_readme_has_its_examples():
     assert len(USING_IT) >= 4 and len(OPENAI) >= 4 and len(TOOL_CALLS) >= 2
 
 
+def test_every_curl_example_is_sent():
+    """No curl example of the README or docs/api.md sits where the tests above do not read:
+    each section with one is sent, or listed in NOT_SENT."""
+    sent = {str(e) for e in USING_IT + OPENAI + TOOL_CALLS}
+    for text in (README, API):
+        titles = re.findall(r"^## (.+)$", text, re.MULTILINE)
+        for title in titles:
+            if title in NOT_SENT:
+                continue
+            for example in examples(title, text):
+                assert str(example) in sent, f"{title}: {example} is not sent"
+
+
 def test_the_default_start_offline_serves_the_embedded_model(default_server):
     log = default_server.log()
     assert "Qwen/Qwen2.5-0.5B-Instruct" in log and "ready: serving" in log
@@ -272,10 +289,11 @@ def test_tool_calls(keyed_server, example):
 
 
 def test_json_answers_example(default_server):
-    """The python block of "JSON answers": its last line's comment is what it returns."""
+    """The python block of docs/api.md's "JSON answers": its last line's comment is what it
+    returns."""
     from openai import OpenAI
 
-    (code,) = fenced(section("JSON answers"), "python")
+    (code,) = fenced(section("JSON answers", API), "python")
     *setup, last = ast.parse(code).body
     comment = code.splitlines()[last.end_lineno - 1].split("#", 1)[1]
     names = {"client": OpenAI(base_url=default_server.url + "/v1", api_key="unused")}
