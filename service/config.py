@@ -211,7 +211,7 @@ class Config:
     max_prompt_tokens: int = _setting(
         2048,
         "Prompt tokens one request may bring (system text and history included); more get "
-        "413. Bounds one prefill to a few seconds on a 2-core PC (README 'Admission').",
+        "413. Bounds one prefill to a few seconds on a 2-core PC (docs/api.md 'Admission').",
         1,
         1_048_576,
     )

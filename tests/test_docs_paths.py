@@ -33,9 +33,7 @@ LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
 # until then only: test_pending_paths_are_still_pending fails once one exists, so the
 # allowance goes with its reason.
 PENDING = {
-    "docs/settings.md",
     "inference/runtime/accept.py",
-    "inference/runtime/sampling_ranges.py",
     "inference/runtime/schedule.py",
 }
 
