@@ -1,0 +1,84 @@
+"""The shared prefix cache's bookkeeping on small caches: a prefix comes back bit for bit,
+only whole blocks and never the last prompt token, a different token ends the match, the
+budget holds by recency with a prefix outliving its ends, and low memory empties it."""
+
+from __future__ import annotations
+
+import torch
+
+from inference.model.kvcache import SequenceCache
+from inference.model.prefix_cache import BLOCK, PrefixCache
+
+SHAPE = (2, 1, 4)  # layers, kv_heads, head_dim
+PER_BLOCK = 2 * 2 * 1 * BLOCK * 4 * 2  # layers x keys/values x heads x tokens x dim x fp16
+
+
+def filled(prompt_ids: list[int]) -> SequenceCache:
+    """A cache whose every position holds values made from its token and position."""
+    cache = SequenceCache(*SHAPE, capacity=len(prompt_ids) + 8, dtype=torch.float16)
+    cache.reserve(len(prompt_ids))
+    ids = torch.tensor(prompt_ids, dtype=torch.float16)
+    positions = torch.arange(len(prompt_ids), dtype=torch.float16)
+    cache.buffer()[:, 0, :, : len(prompt_ids)] = (ids / 7 + positions)[None, None, :, None]
+    cache.buffer()[:, 1, :, : len(prompt_ids)] = (ids / 3 - positions)[None, None, :, None]
+    cache.commit(len(prompt_ids))
+    return cache
+
+
+def empty(capacity: int) -> SequenceCache:
+    return SequenceCache(*SHAPE, capacity=capacity, dtype=torch.float16)
+
+
+def prompt(length: int, start: int = 1) -> list[int]:
+    return list(range(start, start + length))
+
+
+def test_a_kept_prefix_comes_back_bit_for_bit():
+    store, ids = PrefixCache(1 << 20), prompt(3 * BLOCK + 5)
+    store.keep(ids, filled(ids))
+    assert len(store) == 3
+    longer = ids + [9, 9, 9]
+    fresh = empty(len(longer))
+    assert store.restore(longer, fresh) == 3 * BLOCK
+    assert fresh.length == 3 * BLOCK
+    reference = filled(longer).buffer()[:, :, :, : 3 * BLOCK]
+    assert torch.equal(fresh.buffer()[:, :, :, : 3 * BLOCK], reference)
+
+
+def test_the_last_prompt_token_is_always_computed():
+    store, ids = PrefixCache(1 << 20), prompt(2 * BLOCK)
+    store.keep(ids, filled(ids))
+    assert store.restore(ids, empty(len(ids))) == BLOCK  # not both: the last token must run
+
+
+def test_a_different_token_ends_the_match_at_its_block():
+    store, ids = PrefixCache(1 << 20), prompt(4 * BLOCK)
+    store.keep(ids, filled(ids))
+    other = list(ids)
+    other[2 * BLOCK + 3] = 0
+    assert store.restore(other, empty(len(other))) == 2 * BLOCK
+    other[0] = 0  # the first block differs: nothing after it can match either
+    assert store.restore(other, empty(len(other))) == 0
+    assert store.misses == 2 * BLOCK + 4 * BLOCK
+
+
+def test_the_budget_holds_and_a_prefix_outlives_its_ends():
+    store = PrefixCache(5 * PER_BLOCK)
+    first, second = prompt(4 * BLOCK + 1), prompt(4 * BLOCK + 1, start=1000)
+    store.keep(first, filled(first))
+    store.keep(second, filled(second))
+    assert store.bytes <= 5 * PER_BLOCK and len(store) == 5
+    # what is left of the older prompt is its start, not its end
+    assert store.restore(first, empty(len(first))) == BLOCK
+    assert store.restore(second, empty(len(second))) == 4 * BLOCK
+
+
+def test_low_memory_gives_everything_back():
+    short = [False]
+    store = PrefixCache(1 << 20, memory_is_short=lambda: short[0])
+    ids = prompt(2 * BLOCK + 1)
+    store.keep(ids, filled(ids))
+    assert len(store) == 2 and store.bytes == 2 * PER_BLOCK
+    short[0] = True
+    store.keep(prompt(BLOCK + 1, start=500), filled(prompt(BLOCK + 1, start=500)))
+    assert len(store) == 0 and store.bytes == 0
