@@ -1,5 +1,6 @@
 """`python -m bench`: the arguments, and which benchmark runs (side by side, --http,
---batch-curve, --latency, --speculation); the JSON report written where --json says."""
+--batch-curve, --latency, --speculation, --prefix); the JSON report written where --json
+says."""
 
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(python -m bench --speculation --help)",
     )
     parser.add_argument(
+        "--prefix",
+        action="store_true",
+        help="the prefix cache benchmark instead: one tool's repeated system prompt, a "
+        "12-exchange chat and fresh prompts, cache on and off (python -m bench --prefix --help)",
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -75,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving import latency
 
         return latency.main([a for a in argv if a != "--latency"])
+    if "--prefix" in argv:  # its own options: bench/serving/prefix.py
+        from bench.serving import prefix
+
+        return prefix.main([a for a in argv if a != "--prefix"])
     if "--speculation" in argv:  # its own options: bench/compare/speculation.py
         from bench.compare import speculation
 
