@@ -25,7 +25,6 @@ from inference.host import heap
 from inference.model.decoder import Decoder, Segment
 from inference.model.kvcache import SequenceCache
 from inference.runtime import sampler
-from inference.runtime.budget import answer_budget
 from inference.runtime.detokenize import TextAssembler, TokenPieces
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
 from inference.runtime.speculation import PromptLookup
@@ -47,12 +46,10 @@ class Stream:
     `take_text()`, `take_logprobs()`, `completion_tokens` and `ttft_s`; the rest is the
     engine's."""
 
-    def __init__(
-        self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache, speculate
-    ):
+    def __init__(self, prompt_ids: list[int], sampling: Sampling, text, cache, speculate):
         self.prompt_ids = prompt_ids
         self.sampling = sampling
-        self.budget = budget  # the most answer tokens (inference/runtime/budget.py)
+        self.budget = sampling.max_tokens  # decided at admission (inference/runtime/budget.py)
         self.text: TextAssembler = text
         self.cache: SequenceCache | None = cache
         self.lookup = PromptLookup(prompt_ids) if speculate else None
@@ -64,7 +61,7 @@ class Stream:
         self.prefilled = self.reused  # prompt tokens in the cache so far
         self.token = -1  # the last token picked, the next decode step's input
         self.completion_tokens = 0
-        self.finish: str | None = None if budget > 0 else "length"
+        self.finish: str | None = None if self.budget > 0 else "length"
         self.error: Exception | None = None  # what ended it inside a step; only it
         self.opened = time.monotonic()
         self.ttft_s = 0.0
@@ -155,15 +152,22 @@ class Engine:
     # -- one job's life ---------------------------------------------------------------------
 
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
-        """The most KV cache memory a job of this size can take (the worker's admission)."""
-        tokens = prompt_tokens + answer_budget(prompt_tokens, max_tokens, self.context_tokens)
-        return tokens * self.decoder.bytes_per_token()
+        """The most KV cache memory a job of this size can take (the worker's admission):
+        `max_tokens` is its answer budget, already decided (inference/runtime/budget.py)."""
+        return (prompt_tokens + max_tokens) * self.decoder.bytes_per_token()
 
     def open(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
-        budget = answer_budget(len(prompt_ids), sampling.max_tokens, self.context_tokens)
+        """A stream for the job; `sampling.max_tokens` is its answer budget, decided by
+        inference/runtime/budget.py before it came here, and trusted: it must fit."""
+        budget = sampling.max_tokens
+        if len(prompt_ids) + budget > self.context_tokens:
+            raise ValueError(
+                f"{len(prompt_ids)} prompt tokens + a budget of {budget} pass the context "
+                f"({self.context_tokens}); decide the budget with budget.answer_budget"
+            )
         cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
         text = TextAssembler(self.tokenizer, sampling.stop)
-        stream = Stream(prompt_ids, sampling, budget, text, cache, self.speculate)
+        stream = Stream(prompt_ids, sampling, text, cache, self.speculate)
         self.reused_tokens = stream.reused
         if stream.cache is None and budget > 0:
             stream.cache = self.decoder.new_cache(len(prompt_ids) + budget)

@@ -211,7 +211,8 @@ class Worker:
         return self._job_seconds is not None and self._prefill_s_per_token is not None
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
-        """Run one generation in the worker thread and wait for it (used for warm-up)."""
+        """Run one generation in the worker thread and wait for it (used for warm-up).
+        `sampling.max_tokens` is its budget, decided by inference/runtime/budget.py."""
         job = self.submit(Job(prompt_ids, sampling, timeout_s=600))
         while True:
             event = job.events.get(timeout=600)
