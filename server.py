@@ -27,6 +27,7 @@ from inference.loading.assemble import (
     sampling_defaults,
 )
 from inference.loading.embedded import EmbeddedMissing
+from inference.runtime.budget import answer_budget
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.jobs import Sampling
 from inference.runtime.worker import Worker
@@ -209,10 +210,9 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         choice = choose_model(config, status)
         engine = worker.start(load).engine
         status("warming up")
-        worker.run_now(
-            prompts.encode([{"role": "user", "content": "Hello"}]),
-            Sampling(max_tokens=WARMUP_TOKENS),
-        )
+        hello = prompts.encode([{"role": "user", "content": "Hello"}])
+        budget = answer_budget(len(hello), WARMUP_TOKENS, prompts.context_tokens)
+        worker.run_now(hello, Sampling(max_tokens=budget))
     except _Interrupted:
         log.info("stopped before the model was ready")
         abandon()

@@ -42,11 +42,13 @@ class EngineSide:
         }
 
     def run(self, messages: list[dict], max_tokens: int) -> dict:
+        from inference.runtime.budget import answer_budget
         from inference.runtime.jobs import Sampling
 
         ids = self.prompts.encode(messages)
+        budget = answer_budget(len(ids), max_tokens, self.engine.context_tokens)
         started = time.perf_counter()
-        gen = self.engine.run(ids, Sampling(max_tokens=max_tokens), lambda _t: None, lambda: False)
+        gen = self.engine.run(ids, Sampling(max_tokens=budget), lambda _t: None, lambda: False)
         e2e = time.perf_counter() - started
         return _result(
             len(ids), gen.completion_tokens, gen.ttft_s, e2e, reused=self.engine.reused_tokens

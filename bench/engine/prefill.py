@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from inference.loading.assemble import ModelChoice, load_model
+    from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
     from service.config import load_config
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for _ in range(args.runs):
             started = time.perf_counter()
-            gen = engine.run(ids, Sampling(max_tokens=1), lambda _t: None, lambda: False)
+            budget = answer_budget(len(ids), 1, engine.context_tokens)  # 0 if ids fill it
+            gen = engine.run(ids, Sampling(max_tokens=budget), lambda _t: None, lambda: False)
             times.append(gen.ttft_s if gen.ttft_s > 0 else time.perf_counter() - started)
         p50 = statistics.median(times)
         row = {

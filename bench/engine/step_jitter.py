@@ -52,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             "--answers 1 or more"
         )
 
+    from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
 
     engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
+    budget = answer_budget(len(prompt_ids), args.max_tokens, engine.context_tokens)
     wall, cpu = [], []
     load_before = os.getloadavg()[0]
     for _ in range(args.answers):
-        stream = engine.open(prompt_ids, Sampling(max_tokens=args.max_tokens))
+        stream = engine.open(prompt_ids, Sampling(max_tokens=budget))
         first = True
         while stream.finish is None:
             start, start_cpu = time.perf_counter(), time.thread_time()

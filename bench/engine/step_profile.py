@@ -72,9 +72,11 @@ def profile_batch(engine, prompt_ids, batch: int, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
 
-    streams = [engine.open(prompt_ids, Sampling(max_tokens=2 * steps + 16)) for _ in range(batch)]
+    budget = answer_budget(len(prompt_ids), 2 * steps + 16, engine.context_tokens)
+    streams = [engine.open(prompt_ids, Sampling(max_tokens=budget)) for _ in range(batch)]
     while any(s.completion_tokens == 0 for s in streams):  # prompts read, first tokens out
         engine.step(streams)
     plain = []

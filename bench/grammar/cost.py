@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from inference.loading.assemble import ModelChoice, load_model
+    from inference.runtime.budget import answer_budget
     from inference.runtime.grammar import SchemaCompiler
     from inference.runtime.jobs import Sampling
     from service.config import load_config
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in CORE:
             ids = prompts.encode(PROMPTS[name])
             for side, constraint in (("free", None), ("schema", grammar)):
-                sampling = Sampling(max_tokens=args.max_tokens, grammar=constraint)
+                budget = answer_budget(len(ids), args.max_tokens, engine.context_tokens)
+                sampling = Sampling(max_tokens=budget, grammar=constraint)
                 t0 = time.perf_counter()
                 gen = engine.run(ids, sampling, lambda _t: None, lambda: False)
                 decode_s = time.perf_counter() - t0 - gen.ttft_s

@@ -296,7 +296,7 @@ class Decoder:
         attention needs no copy of the keys.
 
         A decode step's row goes in 4-D to torch's fused CPU kernel (27 vs 67 us a layer
-        for the math path). Drafted rows after it (inference/runtime/speculation.py) go one
+        for the math path). Drafted rows after it (inference/runtime/schedule.py) go one
         by one through the same call over the keys up to their own position, so a token
         verified in a draft has the bits it would have had in a step of its own. Prompt
         rows, a last chunk of one row too, go through prompt_attention's fixed key blocks:

@@ -2,9 +2,11 @@
 
 The request asks (its `max_tokens`, else the server's default), the server caps it
 (`--max-tokens-cap`), and the context bounds it: the prompt plus the answer must fit the
-model's positions. The relay decides it at admission; the engine sizes the stream and its
-KV cache (`SequenceCache.capacity`) from the same function, and the worker reserves memory
-for exactly that.
+model's positions. The relay decides it at admission and puts it in `Sampling.max_tokens`;
+from there on it is trusted: the engine sizes the stream and its KV cache
+(`SequenceCache.capacity`) from it and refuses one that does not fit the context, and the
+worker reserves memory for exactly that. Whatever opens a stream without the relay (the
+warm-up, bench/) decides its budget with this same function.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """The decode loop, step by step over several jobs: open a stream, step them all, close one.
 
-Each step is one forward (inference/model/decoder.py) over every open stream: one token for each
-stream that is decoding and, for streams still reading their prompt, the next prefill chunk,
-so a long prompt arriving costs the running streams a little per step instead of freezing
-them. Every stream keeps its own sampling (temperature, top_p, top_k, min_p, penalties, seed,
+Each step is one forward (inference/model/decoder.py) over every open stream, in three
+parts: schedule (which rows run: a decoding stream's token and its drafts, prompt chunks,
+inference/runtime/schedule.py), run the forward, accept (each stream's tokens from its
+rows: penalties, grammar, sampling, stop strings, text, inference/runtime/accept.py).
+Every stream keeps its own sampling (temperature, top_p, top_k, min_p, penalties, seed,
 stop strings, JSON grammar, logprobs), token budget and KV cache. With `prefix_cache` the
 cache of the last finished stream is kept, and a prompt that starts with the same ids (the
 next turn of that conversation) only runs its new suffix. With `speculate`, a decoding
-stream's step also checks the tokens its prompt suggests will follow
-(inference/runtime/speculation.py) and keeps those the model itself picks: the same answer
-in fewer steps. It knows nothing of
-HTTP, queues, deadlines or chat messages: the worker thread decides who is open and calls
-`step()`; `run()` is one stream alone, start to end.
+stream's step also checks the tokens its prompt suggests will follow and keeps those the
+model itself picks: the same answer in fewer steps. It knows nothing of HTTP, queues,
+deadlines or chat messages: the worker thread decides who is open and calls `step()`;
+`run()` is one stream alone, start to end.
 """
 
 from __future__ import annotations
@@ -22,24 +22,18 @@ from collections.abc import Callable
 import torch
 
 from inference.host import heap
-from inference.model.decoder import Decoder, Segment
+from inference.model.decoder import Decoder
 from inference.model.kvcache import SequenceCache
 from inference.runtime import sampler
-from inference.runtime.budget import answer_budget
-from inference.runtime.detokenize import TextAssembler, TokenPieces
+from inference.runtime.accept import TextAssembler, TokenPieces, accept
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
-from inference.runtime.speculation import PromptLookup
-
-# Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
-# prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
-# whole blocks. With per-row int8 (batch-invariant) any chunking on 16-token boundaries gives
-# bitwise the same keys, values and logits (checked on SmolLM2 with 16, 32 and 64; 7 and 1
-# differ), so the chunk size may follow the load: big alone, small beside decoding streams,
-# whose next token waits for the step. Otherwise the chunking must be the same every time.
-ALIGN = 16
-PREFILL_CHUNK = 256  # rows per forward when no other stream is decoding
-PREFILL_BESIDE = 32  # prompt rows per step while others decode (their inter-token gap)
-PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not batch-invariant
+from inference.runtime.schedule import (
+    ALIGN,
+    PREFILL_BLOCK,
+    PREFILL_CHUNK,
+    PromptLookup,
+    schedule,
+)
 
 
 class Stream:
@@ -47,12 +41,10 @@ class Stream:
     `take_text()`, `take_logprobs()`, `completion_tokens` and `ttft_s`; the rest is the
     engine's."""
 
-    def __init__(
-        self, prompt_ids: list[int], sampling: Sampling, budget: int, text, cache, speculate
-    ):
+    def __init__(self, prompt_ids: list[int], sampling: Sampling, text, cache, speculate):
         self.prompt_ids = prompt_ids
         self.sampling = sampling
-        self.budget = budget  # the most answer tokens (inference/runtime/budget.py)
+        self.budget = sampling.max_tokens  # decided at admission (inference/runtime/budget.py)
         self.text: TextAssembler = text
         self.cache: SequenceCache | None = cache
         self.lookup = PromptLookup(prompt_ids) if speculate else None
@@ -64,7 +56,7 @@ class Stream:
         self.prefilled = self.reused  # prompt tokens in the cache so far
         self.token = -1  # the last token picked, the next decode step's input
         self.completion_tokens = 0
-        self.finish: str | None = None if budget > 0 else "length"
+        self.finish: str | None = None if self.budget > 0 else "length"
         self.error: Exception | None = None  # what ended it inside a step; only it
         self.opened = time.monotonic()
         self.ttft_s = 0.0
@@ -156,15 +148,22 @@ class Engine:
     # -- one job's life ---------------------------------------------------------------------
 
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
-        """The most KV cache memory a job of this size can take (the worker's admission)."""
-        tokens = prompt_tokens + answer_budget(prompt_tokens, max_tokens, self.context_tokens)
-        return tokens * self.decoder.bytes_per_token()
+        """The most KV cache memory a job of this size can take (the worker's admission):
+        `max_tokens` is its answer budget, already decided (inference/runtime/budget.py)."""
+        return (prompt_tokens + max_tokens) * self.decoder.bytes_per_token()
 
     def open(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
-        budget = answer_budget(len(prompt_ids), sampling.max_tokens, self.context_tokens)
+        """A stream for the job; `sampling.max_tokens` is its answer budget, decided by
+        inference/runtime/budget.py before it came here, and trusted: it must fit."""
+        budget = sampling.max_tokens
+        if len(prompt_ids) + budget > self.context_tokens:
+            raise ValueError(
+                f"{len(prompt_ids)} prompt tokens + a budget of {budget} pass the context "
+                f"({self.context_tokens}); decide the budget with budget.answer_budget"
+            )
         cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
         text = TextAssembler(self.tokenizer, sampling.stop)
-        stream = Stream(prompt_ids, sampling, budget, text, cache, self.speculate)
+        stream = Stream(prompt_ids, sampling, text, cache, self.speculate)
         self.reused_tokens = stream.reused
         if stream.cache is None and budget > 0:
             stream.cache = self.decoder.new_cache(len(prompt_ids) + budget)
@@ -212,129 +211,18 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, streams: list[Stream]) -> None:
-        """One forward: a token for every decoding stream (with the tokens drafted for it,
-        if any), and prompt chunks of the first prefilling ones, in order, up to
-        `alone_rows` rows, or PREFILL_BESIDE while some stream is decoding. What one
-        stream's own token choice raises (sampling, grammar, detokenizing) ends that stream
-        alone (`Stream.error`); the forward is everyone's."""
-        active = [s for s in streams if s.finish is None]
-        segments, fed = [], []
-        for stream in active:
-            if not stream.prefilling:
-                try:
-                    draft = self._draft(stream)
-                except Exception as exc:  # its grammar's: that stream alone ends
-                    stream.fail(exc)
-                    continue
-                segments.append(Segment(stream.cache, [stream.token, *draft], decoding=True))
-                fed.append(stream)
-        room = PREFILL_BESIDE if segments else self.alone_rows
-        for stream in active:
-            if stream.prefilling and room > 0:
-                chunk = stream.next_chunk(room)
-                room -= -(-len(chunk) // self.block) * self.block
-                segments.append(Segment(stream.cache, chunk))
-                fed.append(stream)
-        if not segments:
+        """One forward over the open streams, in three parts: schedule the rows (a token
+        for every decoding stream with its draft, prompt chunks of the first prefilling
+        ones), run them, accept each stream's tokens from its rows. What one stream's own
+        choices raise (its draft, sampling, grammar, text) ends that stream alone
+        (`Stream.error`); the forward is everyone's."""
+        plan = schedule(streams, self.alone_rows, self.block)  # which rows run
+        if not plan.segments:
             return
-        logits = self.decoder.forward(segments)
-        row = 0
-        for stream, segment in zip(fed, segments, strict=True):
-            rows = logits[row : row + len(segment.ids)] if segment.decoding else logits[row][None]
-            row += len(rows)
-            if stream.prefilling:
-                stream.prefilled += len(segment.ids)
-                if stream.prefilling:
-                    continue  # more prompt to read: no token yet
-            try:
-                self._verify(stream, rows, segment.ids[1:] if segment.decoding else [])
-            except Exception as exc:  # its own rows only: the other rows are already computed
-                stream.fail(exc)
-
-    def _draft(self, stream: Stream) -> list[int]:
-        """The tokens to check after the stream's next input: none without speculation or
-        room; under a grammar, the tokens it forces (jump-forward), else a prompt lookup's
-        guess cut where the grammar would refuse it."""
-        room = stream.budget - stream.completion_tokens  # the cache holds prompt + budget
-        if stream.lookup is None or room <= 0:
-            return []
-        if stream.constraint is not None:
-            forced = stream.constraint.forced()[:room]
-            if forced:
-                return forced
-            guess = stream.lookup.draft(room)
-            return guess[: stream.constraint.valid_prefix(guess)]
-        return stream.lookup.draft(room)
-
-    def _verify(self, stream: Stream, rows: torch.Tensor, draft: list[int]) -> None:
-        """Pick a token from each row in turn while the picks agree with the draft: the
-        picks are the answer (what single steps would have given, row for row), the draft
-        only decided how many rows there were. The cache is cut back past the first row
-        whose input was a draft the model did not pick."""
-        taken = accepted = 0
-        for scores in rows:
-            token = self._advance(stream, scores)
-            taken += 1
-            if stream.finish is not None or accepted == len(draft) or token != draft[accepted]:
-                break
-            accepted += 1
-        stream.steps += 1
-        if draft:
-            self.drafted_tokens += len(draft)
-            self.accepted_tokens += accepted
-            stream.drafted += len(draft)
-            stream.accepted += accepted
-            stream.lookup.verified(len(draft), accepted)
-        if taken < len(rows) and stream.cache is not None:
-            stream.cache.crop(stream.cache.length - (len(rows) - taken))
-
-    def _advance(self, stream: Stream, scores: torch.Tensor) -> int:
-        """Pick the stream's next token from its logits and decide whether it is done. The
-        penalties and the grammar's mask change `scores` first; logprobs are of what they
-        left, before temperature and the top_k/top_p/min_p cuts (a greedy and a sampled
-        request report the same numbers)."""
-        if stream.penalties is not None:
-            stream.penalties.apply_(scores)
-        if stream.constraint is not None:
-            stream.constraint.mask_(scores)
-        sampling = stream.sampling
-        token = sampler.pick(
-            scores,
-            sampling.temperature,
-            sampling.top_p,
-            stream.generator(),
-            top_k=sampling.top_k,
-            min_p=sampling.min_p,
-        )
-        if stream.constraint is not None:
-            stream.constraint.take(token)
-        if stream.penalties is not None:
-            stream.penalties.add(token)
-        if sampling.logprobs and token not in self.eos_ids:
-            stream.add_logprob(self._logprob(scores, token, sampling.top_logprobs))
-        if stream.completion_tokens == 0:
-            stream.ttft_s = time.monotonic() - stream.opened
-        stream.completion_tokens += 1
-        stream.token = token
-        if stream.lookup is not None:
-            stream.lookup.extend([token])
-        if token in self.eos_ids:
-            stream.finish = "stop"
-            return token
-        stream.add_text(stream.text.add(token))
-        if stream.text.stopped or (stream.constraint is not None and stream.constraint.finished):
-            stream.finish = "stop"
-        elif stream.completion_tokens >= stream.budget:
-            stream.finish = "length"
-        return token
-
-    def _logprob(self, scores: torch.Tensor, token: int, alternatives: int) -> TokenLogprob:
-        chosen, best = sampler.logprobs(scores, token, alternatives)
-        return self._entry(token, chosen, tuple(self._entry(i, v) for i, v in best))
-
-    def _entry(self, token: int, logprob: float, top: tuple = ()) -> TokenLogprob:
-        text, raw = self.pieces.piece(token)
-        return TokenLogprob(text, logprob, raw, top)
+        logits = self.decoder.forward(plan.segments)  # run them, all streams in one forward
+        drafted, accepted = accept(plan, logits, self.eos_ids, self.pieces)  # their tokens
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
 
     # -- one stream alone -------------------------------------------------------------------
 

@@ -101,7 +101,7 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "interrupted"
     completion_tokens: int
     ttft_s: float  # start of run() to the first token
-    drafted: int = 0  # tokens drafted for it and checked (inference/runtime/speculation.py)
+    drafted: int = 0  # tokens drafted for it and checked (inference/runtime/schedule.py)
     accepted: int = 0  # of them, the ones the model picked: answer tokens without a step
     steps: int = 0  # forwards that gave it at least one token
 

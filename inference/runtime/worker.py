@@ -5,14 +5,10 @@ a waiting job whose client left or whose deadline passed is taken out of the FIF
 whenever anyone looks at the queue, so it never counts against `--max-queue` nor in `depth`.
 
 The thread admits jobs in FIFO order while fewer than `max_batch` run and their KV caches
-fit in the memory budget, then steps all running jobs together (runtime/engine.py). Between
-steps each job's cancel flag and deadline are read: a job that finishes, is cancelled or
-times out leaves the batch at once, the others go on. Every job ends with exactly one terminal
-item on its reply queue. A job's own failure (its sampling, grammar or text: `stream.error`)
-ends that job alone, as its error or, for an unexpected exception, as Internal with its
-request id; the others in the step go on untouched. Only a failing forward, which is
-everyone's, ends the jobs of that step. The log gets request ids, error kinds and code
-places, never a request's content.
+fit in the memory budget, then steps all running jobs together (the batch and how each of
+its jobs ends: runtime/batch.py). Between steps each job's cancel flag and deadline are
+read: a job that finishes, is cancelled or times out leaves the batch at once, the others go
+on. Every job ends with exactly one terminal item on its reply queue.
 """
 
 from __future__ import annotations
@@ -22,62 +18,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from inference.host.process import between_jobs  # latency (issue 11): GC between jobs
-from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
-from service.errors import (
-    Cancelled,
-    Internal,
-    Overloaded,
-    ServiceError,
-    Timeout,
-    Unavailable,
-    fault_summary,
-)
+from inference.runtime.batch import Batch, EngineLike, Running, own_failure
+from inference.runtime.jobs import Done, Failed, Job, Sampling
+from service.errors import Cancelled, Internal, Overloaded, ServiceError, Timeout, Unavailable
 
 log = logging.getLogger("deskchat.worker")
 
 IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
-FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
-JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
-# Prefill (the prompt's forward pass, up to the first token) in seconds per prompt token,
-# until one has been measured: 500 tokens/s, the embedded model's rate on a 4,031-token
-# prompt on the quiet 2-core machine (7-9 s). The warm-up replaces it.
-FIRST_PREFILL_GUESS_S = 1 / 500
-
-
-class StreamLike(Protocol):
-    finish: str | None
-    error: Exception | None  # what ended this stream alone inside a step
-    completion_tokens: int
-    ttft_s: float
-
-    def take_text(self) -> str: ...
-
-    def take_logprobs(self) -> tuple: ...
-
-
-class EngineLike(Protocol):
-    name: str
-    batch_invariant: bool  # a row's result is the same alone or beside others
-
-    def open(self, prompt_ids, sampling: Sampling) -> StreamLike: ...
-
-    def step(self, streams: list) -> None: ...
-
-    def close(self, stream, interrupted: bool = False) -> Generation: ...
-
-    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int: ...
-
-
-@dataclass
-class Running:
-    job: Job
-    stream: StreamLike
-    picked: float  # when the job left the FIFO
-    reserved: int  # KV cache bytes held for it
 
 
 class Worker:
@@ -97,15 +46,13 @@ class Worker:
         self.batch_memory = batch_memory  # bytes of KV cache for all running jobs; None: any
         # Called in the thread before each step (inference/host/threads.py: the thread count).
         self.pace = pace
-        # The FIFO of waiting jobs. One lock guards it and `_running`: a job is either
+        # The FIFO of waiting jobs. One lock guards it and the batch: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="inference", daemon=True)
         self._stopping = threading.Event()
-        self._running: list[Running] = []
-        self._job_seconds: float | None = None  # average measured job time; None: none yet
-        self._prefill_s_per_token: float | None = None  # average measured; None: none yet
+        self._batch = Batch(self._lock)  # the running jobs
         self.heartbeat = time.monotonic()  # last sign of progress: a step, or an idle tick
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
@@ -148,11 +95,11 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return len(self._batch.entries)
 
     @property
     def busy(self) -> bool:
-        return bool(self._running)
+        return bool(self._batch.entries)
 
     # -- the HTTP side ----------------------------------------------------------------------
 
@@ -175,43 +122,28 @@ class Worker:
         if len(self._waiting) >= self.capacity:
             raise Overloaded(
                 f"the queue is full ({self.capacity} waiting); retry later",
-                retry_after_s=self._expected_start_s(0),
+                retry_after_s=self._batch.expected_start_s(0, self.max_batch),
             )
 
     def expected_start_s(self, position: int) -> float:
         """Expected seconds until the job waiting at `position` (0: the head) starts. For
         position 0 it is when a waiting slot frees."""
         with self._lock:
-            return self._expected_start_s(position)
-
-    def _expected_start_s(self, position: int) -> float:  # with the lock held
-        """Free batch places start jobs at once. Past them, a job waits for `ahead + 1` jobs
-        to end: the first when the oldest running one reaches the average job time (a full
-        average if none runs yet), then one every average / max_batch, as `max_batch` jobs
-        run side by side."""
-        ahead = position - (self.max_batch - len(self._running))
-        if ahead < 0:
-            return 0.0
-        per_job = FIRST_GUESS_S if self._job_seconds is None else self._job_seconds
-        rest = per_job
-        if self._running:
-            oldest = min(r.picked for r in self._running)
-            rest = max(0.0, per_job - (time.monotonic() - oldest))
-        return rest + ahead * per_job / self.max_batch
+            return self._batch.expected_start_s(position, self.max_batch)
 
     def expected_prefill_s(self, prompt_tokens: int) -> float:
         """Expected seconds of prefill (to the first token) for a prompt of that many tokens,
         at the measured rate."""
-        per_token = self._prefill_s_per_token
-        return prompt_tokens * (FIRST_PREFILL_GUESS_S if per_token is None else per_token)
+        return self._batch.expected_prefill_s(prompt_tokens)
 
     @property
     def measured(self) -> bool:
         """True once a job has been timed: the estimates are measurements, not guesses."""
-        return self._job_seconds is not None and self._prefill_s_per_token is not None
+        return self._batch.measured
 
     def run_now(self, prompt_ids: list[int], sampling: Sampling) -> Done:
-        """Run one generation in the worker thread and wait for it (used for warm-up)."""
+        """Run one generation in the worker thread and wait for it (used for warm-up).
+        `sampling.max_tokens` is its budget, decided by inference/runtime/budget.py."""
         job = self.submit(Job(prompt_ids, sampling, timeout_s=600))
         while True:
             event = job.events.get(timeout=600)
@@ -258,11 +190,12 @@ class Worker:
             self._prune()
             if not self._waiting or self._stopping.is_set():
                 return None
-            if len(self._running) >= self.max_batch:
+            running = self._batch.entries
+            if len(running) >= self.max_batch:
                 return None
             need = self._reservation(self._waiting[0])
-            held = sum(r.reserved for r in self._running)
-            if self._running and self.batch_memory is not None and held + need > self.batch_memory:
+            held = sum(r.reserved for r in running)
+            if running and self.batch_memory is not None and held + need > self.batch_memory:
                 return None
             return self._waiting.popleft(), need
 
@@ -295,10 +228,10 @@ class Worker:
                 self.heartbeat = time.monotonic()
                 # latency (issue 11): the oldest GC generation here, between steps: whenever
                 # nothing runs or waits, else only now and then (host.between_jobs)
-                between_jobs(len(self._waiting) + len(self._running))
+                between_jobs(len(self._waiting) + len(self._batch.entries))
                 self._admit()
                 self._leave_if_stopped()
-                if not self._running:
+                if not self._batch.entries:
                     self._wait_for_work()
                     continue
                 if self.pace is not None:
@@ -306,12 +239,12 @@ class Worker:
                 self._step()
         except BaseException:  # the thread is going down: every job still gets its end
             self._stopping.set()  # refuse new jobs before the thread is gone for good
-            for entry in list(self._running):
+            for entry in list(self._batch.entries):
                 why = f"the inference thread died (request {entry.job.id})"
-                self._end(entry, Failed(Internal(why)))
+                self._batch.end(entry, Failed(Internal(why)))
             self._end_waiting("the inference thread died")
             raise
-        for entry in list(self._running):
+        for entry in list(self._batch.entries):
             self._leave(entry, Unavailable("the server is stopping"))
 
     def _fit_batch(self) -> None:
@@ -339,124 +272,33 @@ class Worker:
                 job.events.put(Failed(exc))
                 continue
             except Exception as exc:
-                job.events.put(Failed(_own_failure(job, exc, "opening its generation")))
+                job.events.put(Failed(own_failure(job, exc, "opening its generation")))
                 continue
             except BaseException:  # the thread is going down: this job still gets its end
                 job.events.put(Failed(Internal(f"the inference thread died (request {job.id})")))
                 raise
-            with self._lock:
-                self._running.append(Running(job, stream, picked, reserved))
+            self._batch.join(Running(job, stream, picked, reserved))
 
     def _leave_if_stopped(self) -> None:
         """Take out the running jobs whose client left or whose deadline passed."""
-        for entry in list(self._running):
+        for entry in list(self._batch.entries):
             job = entry.job
             if job.cancelled:
                 self._count_cancelled(job, "running")
                 self._leave(entry, Cancelled("the client went away"))
             elif job.expired():
-                self._leave(entry, self._timed_out(entry))
+                self._leave(entry, self._batch.timed_out(entry))
 
     def _step(self) -> None:
-        streams = [r.stream for r in self._running]
-        try:
-            self.engine.step(streams)
-        except Exception as exc:  # the forward: every job in it
-            ids = ", ".join(r.job.id for r in self._running)
-            log.error("a generation step failed for %s: %s", ids, fault_summary(exc))
-            for entry in list(self._running):
-                why = f"generation failed (request {entry.job.id}); see the server log"
-                self._leave(entry, Internal(why))
+        if not self._batch.step(self.engine):
             return
         self.heartbeat = time.monotonic()
-        for entry in list(self._running):
-            if entry.stream.error is not None:
-                self._leave(entry, _own_failure(entry.job, entry.stream.error, "its step"))
-                continue
-            self._deliver(entry)
-            if entry.stream.finish is not None:
-                try:
-                    self._finish(entry)  # its held-back text is detokenized here
-                except Exception as exc:
-                    self._leave(entry, _own_failure(entry.job, exc, "its finish"))
-
-    def _finish(self, entry: Running) -> None:
-        job = entry.job
-        result = self.engine.close(entry.stream)
-        self._deliver(entry)
-        done_at = time.monotonic()
-        if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
-            self._measured_prefill(result.ttft_s / len(job.prompt_ids))
-        gen_s = done_at - entry.picked
-        self._measured(gen_s)
-        self._end(
-            entry,
-            Done(
-                finish_reason=result.finish_reason,
-                usage=Usage(len(job.prompt_ids), result.completion_tokens),
-                queued_ms=(entry.picked - job.created) * 1000,
-                ttft_ms=result.ttft_s * 1000,
-                total_ms=(done_at - job.created) * 1000,
-                tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
-                draft_tokens=result.accepted,
-                drafted_tokens=result.drafted,
-                steps=result.steps,
-            ),
-        )
-
-    @staticmethod
-    def _deliver(entry: Running) -> None:
-        """The text and the logprob entries the stream has made since the last Delta."""
-        text, logprobs = entry.stream.take_text(), entry.stream.take_logprobs()
-        if text or logprobs:
-            entry.job.events.put(Delta(text, logprobs))
+        self._batch.settle(self.engine)
 
     def _leave(self, entry: Running, error: ServiceError) -> None:
-        """Ends a running job early: its cache is released, the others go on."""
-        try:
-            self.engine.close(entry.stream, interrupted=True)
-        finally:
-            self._end(entry, Failed(error))
-
-    def _end(self, entry: Running, outcome: Done | Failed) -> None:
-        with self._lock:
-            if entry in self._running:
-                self._running.remove(entry)
-        entry.job.events.put(outcome)
-
-    def _timed_out(self, entry: Running) -> Timeout:
-        return Timeout(
-            f"the request passed its {entry.job.timeout_s:g} s deadline after "
-            f"{entry.stream.completion_tokens} tokens"
-        )
-
-    def _measured(self, job_s: float) -> None:
-        """Fold a finished job's time into the average; the first one replaces the guess."""
-        with self._lock:
-            if self._job_seconds is None:
-                self._job_seconds = job_s
-            else:
-                self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
+        self._batch.leave(self.engine, entry, error)
 
     def _count_cancelled(self, job: Job, stage: str) -> None:
         """A job whose client left; not one its handler gave up on at the deadline (a timeout)."""
         if not job.expired():
             self.cancellations[stage] += 1
-
-    def _measured_prefill(self, per_token_s: float) -> None:
-        """Fold a prefill's seconds per prompt token into the average, as _measured does."""
-        if self._prefill_s_per_token is None:
-            self._prefill_s_per_token = per_token_s
-        else:
-            self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
-
-
-def _own_failure(job: Job, error: Exception, where: str) -> ServiceError:
-    """What one job's failure tells its client: the request's fault as it is (e.g. a JSON
-    schema that dead-ends: invalid_request), anything else as Internal with the request id,
-    logged by kind and code place only."""
-    if isinstance(error, ServiceError):
-        log.info("request %s ended in %s: %s (%s)", job.id, where, error.type, error.param or "-")
-        return error
-    log.error("request %s failed in %s: %s", job.id, where, fault_summary(error))
-    return Internal(f"generation failed (request {job.id}); see the server log")

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from inference.runtime.batch import FIRST_PREFILL_GUESS_S
 from inference.runtime.jobs import Job, Sampling
-from inference.runtime.worker import FIRST_PREFILL_GUESS_S, Worker
+from inference.runtime.worker import Worker
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import chat, wait_until
 

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from inference.runtime.engine import PREFILL_BESIDE, PREFILL_CHUNK
 from inference.runtime.jobs import Done, Failed, Job, Sampling
+from inference.runtime.schedule import PREFILL_BESIDE, PREFILL_CHUNK
 from service.config import load_config
 from service.errors import Cancelled, Timeout
 from tests.support.engines import batched

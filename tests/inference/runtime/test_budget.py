@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference.runtime.budget import answer_budget
+from inference.runtime.jobs import Sampling
 
 
 @pytest.mark.parametrize(
@@ -19,3 +20,20 @@ from inference.runtime.budget import answer_budget
 )
 def test_answer_budget(prompt: int, wanted: int, context: int, cap: int | None, budget: int):
     assert answer_budget(prompt, wanted, context, cap=cap) == budget
+
+
+def test_the_engine_trusts_the_decided_budget(engines):
+    """The engine takes `max_tokens` as the budget decided at admission: it sizes the stream
+    and the reservation from it, and refuses one that passes the context rather than cut it
+    (a second decision)."""
+    engine, _plain, prompts = engines
+    ids = prompts.encode([{"role": "user", "content": "Hi"}])
+    room = engine.context_tokens - len(ids)
+    per_token = engine.decoder.bytes_per_token()
+    assert engine.cache_bytes(len(ids), room) == (len(ids) + room) * per_token
+    budget = answer_budget(len(ids), 10**6, engine.context_tokens)
+    stream = engine.open(ids, Sampling(max_tokens=budget))
+    assert stream.budget == room and stream.cache.capacity == engine.context_tokens
+    engine.close(stream, interrupted=True)
+    with pytest.raises(ValueError, match="budget"):
+        engine.open(ids, Sampling(max_tokens=room + 1))

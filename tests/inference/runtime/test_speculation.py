@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from inference.runtime import speculation
+from inference.runtime import schedule as speculation  # the drafter lives in the scheduler
 from inference.runtime.jobs import Done, Failed, Job, Sampling
-from inference.runtime.speculation import PromptLookup
+from inference.runtime.schedule import PromptLookup
 from service.errors import Cancelled, Timeout
 from tests.support.engines import answer, encode, side_by_side
 from tests.support.fakes import terminal_events

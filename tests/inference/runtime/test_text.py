@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inference.runtime.detokenize import TextAssembler
+from inference.runtime.accept import TextAssembler
 
 SAMPLE = "Hello, 世界! Café ☕ 🙂 naïve — done."
 
@@ -55,7 +55,7 @@ def test_long_mixed_text_streams_exactly(tokenizer):
 def test_token_pieces_spell_the_true_bytes(tokenizer):
     """Logprob entries: each token's bytes add up to the text, characters split across
     tokens included, and a token that holds a piece of a character says so."""
-    from inference.runtime.detokenize import TokenPieces
+    from inference.runtime.accept import TokenPieces
 
     pieces = TokenPieces(tokenizer)
     ids = tokenizer.encode(SAMPLE, add_special_tokens=False)

@@ -1,0 +1,220 @@
+"""The running batch: the jobs the inference thread steps together, how each one ends, and
+the times the ended ones measured.
+
+The worker (runtime/worker.py) admits a job into the batch; from then on the batch steps it
+with the others (runtime/engine.py) and hands its text out as it comes. Every job leaves
+with exactly one terminal item on its reply queue: Done when its answer is complete, Failed
+when it leaves early. A job's own failure (its sampling, grammar or text: `stream.error`)
+ends that job alone, as its error or, for an unexpected exception, as Internal with its
+request id; the others in the step go on untouched. Only a failing forward, which is
+everyone's, ends the jobs of that step. The log gets request ids, error kinds and code
+places, never a request's content.
+
+A finished job's time, and its prefill's time per prompt token, fold into running averages:
+the estimates admission and a full queue's Retry-After are made of.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
+from service.errors import Internal, ServiceError, Timeout, fault_summary
+
+log = logging.getLogger("deskchat.worker")
+
+FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
+JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
+# Prefill (the prompt's forward pass, up to the first token) in seconds per prompt token,
+# until one has been measured: 500 tokens/s, the embedded model's rate on a 4,031-token
+# prompt on the quiet 2-core machine (7-9 s). The warm-up replaces it.
+FIRST_PREFILL_GUESS_S = 1 / 500
+
+
+class StreamLike(Protocol):
+    finish: str | None
+    error: Exception | None  # what ended this stream alone inside a step
+    completion_tokens: int
+    ttft_s: float
+
+    def take_text(self) -> str: ...
+
+    def take_logprobs(self) -> tuple: ...
+
+
+class EngineLike(Protocol):
+    name: str
+    batch_invariant: bool  # a row's result is the same alone or beside others
+
+    def open(self, prompt_ids, sampling: Sampling) -> StreamLike: ...
+
+    def step(self, streams: list) -> None: ...
+
+    def close(self, stream, interrupted: bool = False) -> Generation: ...
+
+    def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int: ...
+
+
+@dataclass
+class Running:
+    job: Job
+    stream: StreamLike
+    picked: float  # when the job left the FIFO
+    reserved: int  # KV cache bytes held for it
+
+
+class Batch:
+    """The running jobs. The inference thread alone steps them and adds or removes them,
+    under `lock` (the worker's, which also guards its FIFO: a job is waiting, running or
+    ended, and moves between them only under it)."""
+
+    def __init__(self, lock: threading.Condition):
+        self._lock = lock
+        self.entries: list[Running] = []
+        self._job_seconds: float | None = None  # average measured job time; None: none yet
+        self._prefill_s_per_token: float | None = None  # average measured; None: none yet
+
+    def join(self, entry: Running) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+    # -- a step -----------------------------------------------------------------------------
+
+    def step(self, engine: EngineLike) -> bool:
+        """One step of every running job; False when the forward failed, which ends them
+        all."""
+        streams = [r.stream for r in self.entries]
+        try:
+            engine.step(streams)
+        except Exception as exc:  # the forward: every job in it
+            ids = ", ".join(r.job.id for r in self.entries)
+            log.error("a generation step failed for %s: %s", ids, fault_summary(exc))
+            for entry in list(self.entries):
+                why = f"generation failed (request {entry.job.id}); see the server log"
+                self.leave(engine, entry, Internal(why))
+            return False
+        return True
+
+    def settle(self, engine: EngineLike) -> None:
+        """After a step: each job's new text goes out; the finished and the failed leave."""
+        for entry in list(self.entries):
+            if entry.stream.error is not None:
+                self.leave(engine, entry, own_failure(entry.job, entry.stream.error, "its step"))
+                continue
+            self._deliver(entry)
+            if entry.stream.finish is not None:
+                try:
+                    self._finish(engine, entry)  # its held-back text is detokenized here
+                except Exception as exc:
+                    self.leave(engine, entry, own_failure(entry.job, exc, "its finish"))
+
+    def _finish(self, engine: EngineLike, entry: Running) -> None:
+        job = entry.job
+        result = engine.close(entry.stream)
+        self._deliver(entry)
+        done_at = time.monotonic()
+        if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
+            self._measured_prefill(result.ttft_s / len(job.prompt_ids))
+        gen_s = done_at - entry.picked
+        self._measured(gen_s)
+        self.end(
+            entry,
+            Done(
+                finish_reason=result.finish_reason,
+                usage=Usage(len(job.prompt_ids), result.completion_tokens),
+                queued_ms=(entry.picked - job.created) * 1000,
+                ttft_ms=result.ttft_s * 1000,
+                total_ms=(done_at - job.created) * 1000,
+                tokens_per_second=result.completion_tokens / gen_s if gen_s > 0 else 0.0,
+                draft_tokens=result.accepted,
+                drafted_tokens=result.drafted,
+                steps=result.steps,
+            ),
+        )
+
+    @staticmethod
+    def _deliver(entry: Running) -> None:
+        """The text and the logprob entries the stream has made since the last Delta."""
+        text, logprobs = entry.stream.take_text(), entry.stream.take_logprobs()
+        if text or logprobs:
+            entry.job.events.put(Delta(text, logprobs))
+
+    # -- leaving ----------------------------------------------------------------------------
+
+    def leave(self, engine: EngineLike, entry: Running, error: ServiceError) -> None:
+        """Ends a running job early: its cache is released, the others go on."""
+        try:
+            engine.close(entry.stream, interrupted=True)
+        finally:
+            self.end(entry, Failed(error))
+
+    def end(self, entry: Running, outcome: Done | Failed) -> None:
+        with self._lock:
+            if entry in self.entries:
+                self.entries.remove(entry)
+        entry.job.events.put(outcome)
+
+    @staticmethod
+    def timed_out(entry: Running) -> Timeout:
+        return Timeout(
+            f"the request passed its {entry.job.timeout_s:g} s deadline after "
+            f"{entry.stream.completion_tokens} tokens"
+        )
+
+    # -- the times measured -----------------------------------------------------------------
+
+    def expected_start_s(self, position: int, max_batch: int) -> float:  # with the lock held
+        """Free batch places start jobs at once. Past them, a job waits for `ahead + 1` jobs
+        to end: the first when the oldest running one reaches the average job time (a full
+        average if none runs yet), then one every average / max_batch, as `max_batch` jobs
+        run side by side."""
+        ahead = position - (max_batch - len(self.entries))
+        if ahead < 0:
+            return 0.0
+        per_job = FIRST_GUESS_S if self._job_seconds is None else self._job_seconds
+        rest = per_job
+        if self.entries:
+            oldest = min(r.picked for r in self.entries)
+            rest = max(0.0, per_job - (time.monotonic() - oldest))
+        return rest + ahead * per_job / max_batch
+
+    def expected_prefill_s(self, prompt_tokens: int) -> float:
+        """Expected seconds of prefill (to the first token) for a prompt of that many tokens,
+        at the measured rate."""
+        per_token = self._prefill_s_per_token
+        return prompt_tokens * (FIRST_PREFILL_GUESS_S if per_token is None else per_token)
+
+    @property
+    def measured(self) -> bool:
+        """True once a job has been timed: the estimates are measurements, not guesses."""
+        return self._job_seconds is not None and self._prefill_s_per_token is not None
+
+    def _measured(self, job_s: float) -> None:
+        """Fold a finished job's time into the average; the first one replaces the guess."""
+        with self._lock:
+            if self._job_seconds is None:
+                self._job_seconds = job_s
+            else:
+                self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
+
+    def _measured_prefill(self, per_token_s: float) -> None:
+        """Fold a prefill's seconds per prompt token into the average, as _measured does."""
+        if self._prefill_s_per_token is None:
+            self._prefill_s_per_token = per_token_s
+        else:
+            self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
+
+
+def own_failure(job: Job, error: Exception, where: str) -> ServiceError:
+    """What one job's failure tells its client: the request's fault as it is (e.g. a JSON
+    schema that dead-ends: invalid_request), anything else as Internal with the request id,
+    logged by kind and code place only."""
+    if isinstance(error, ServiceError):
+        log.info("request %s ended in %s: %s (%s)", job.id, where, error.type, error.param or "-")
+        return error
+    log.error("request %s failed in %s: %s", job.id, where, fault_summary(error))
+    return Internal(f"generation failed (request {job.id}); see the server log")

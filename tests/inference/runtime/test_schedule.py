@@ -1,0 +1,108 @@
+"""The step's first part (inference/runtime/schedule.py): which rows run, on token lists.
+
+Real engine Streams without a model: the cache is a stand-in the scheduler only hands on,
+and no text is made. The drafter's own rules: test_speculation.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.runtime.engine import Stream
+from inference.runtime.jobs import Sampling
+from inference.runtime.schedule import PREFILL_BESIDE, draft, schedule
+
+ALONE, BLOCK = 256, 16
+
+
+class Cache:
+    """A KV cache's stand-in: empty, as a new stream's is."""
+
+    length = 0
+
+
+def decoding(token: int, prompt: list[int] | None = None, speculate=False, budget=64) -> Stream:
+    """A stream past its prompt whose next input is `token`."""
+    prompt = prompt or [1, 2, 3]
+    stream = Stream(prompt, Sampling(budget), None, Cache(), speculate)
+    stream.prefilled, stream.token, stream.completion_tokens = len(prompt), token, 1
+    return stream
+
+
+def prefilling(length: int, read: int = 0) -> Stream:
+    """A stream with `read` of its `length` prompt tokens in the cache."""
+    stream = Stream(list(range(100, 100 + length)), Sampling(8), None, Cache(), False)
+    stream.prefilled = read
+    return stream
+
+
+class Constraint:
+    """A grammar's stand-in: the tokens it forces, and how much of a guess it allows."""
+
+    def __init__(self, forced=(), valid=0, error=None):
+        self._forced, self._valid, self._error = list(forced), valid, error
+
+    def forced(self) -> list[int]:
+        if self._error is not None:
+            raise self._error
+        return self._forced
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        return min(self._valid, len(tokens))
+
+
+def test_decoding_rows_first_then_prompt_chunks_beside_them():
+    first, second = decoding(7), decoding(8)
+    long = prefilling(300)
+    plan = schedule([long, first, second], ALONE, BLOCK)
+    assert plan.streams == [first, second, long]
+    assert [s.ids for s in plan.segments] == [[7], [8], long.prompt_ids[:PREFILL_BESIDE]]
+    assert [s.decoding for s in plan.segments] == [True, True, False]
+    assert plan.segments[0].cache is first.cache  # each row runs over its own stream's cache
+
+
+def test_alone_a_prompt_gets_the_big_chunk_and_whole_blocks_are_counted():
+    short, long, late = prefilling(5), prefilling(600), prefilling(40)
+    plan = schedule([short, long, late], ALONE, BLOCK)
+    # 5 rows take a whole block of the room: the long one gets 256 - 16, the last none
+    assert [len(s.ids) for s in plan.segments] == [5, ALONE - BLOCK]
+    assert plan.streams == [short, long]
+    resumed = prefilling(600, read=ALONE - BLOCK)
+    assert schedule([resumed], ALONE, BLOCK).segments[0].ids == resumed.prompt_ids[240:496]
+
+
+def test_finished_streams_and_an_empty_batch_schedule_nothing():
+    done = decoding(7)
+    done.finish = "stop"
+    assert schedule([done], ALONE, BLOCK).segments == []
+    assert schedule([], ALONE, BLOCK).streams == []
+
+
+def test_a_draft_runs_after_the_token_within_the_budget():
+    stream = decoding(3, prompt=[1, 2, 3, 4, 5, 6, 1, 2], speculate=True, budget=3)
+    stream.lookup.extend([3])  # the answer so far ends with 2, 3: 4, 5, 6 followed it
+    assert draft(stream) == [4, 5]  # the room left: a budget of 3, one token made
+    plan = schedule([stream], ALONE, BLOCK)
+    assert plan.segments[0].ids == [3, 4, 5] and plan.segments[0].decoding
+    assert draft(decoding(3, prompt=[1, 2, 3, 4, 1, 2], speculate=False)) == []
+    spent = decoding(3, prompt=[1, 2, 3, 4, 1, 2], speculate=True, budget=1)
+    assert draft(spent) == []  # no room: its next token is its last
+
+
+def test_under_a_grammar_forced_tokens_first_else_the_guess_it_allows():
+    stream = decoding(3, prompt=[1, 2, 3, 4, 5, 6, 1, 2], speculate=True)
+    stream.lookup.extend([3])
+    stream.constraint = Constraint(forced=[40, 41])
+    assert draft(stream) == [40, 41]  # jump-forward: what the grammar forces
+    stream.constraint = Constraint(valid=1)
+    assert draft(stream) == [4]  # the lookup's guess, cut where the grammar refuses it
+
+
+def test_a_draft_that_raises_ends_that_stream_alone():
+    broken = decoding(3, prompt=[1, 2, 3, 1, 2], speculate=True)
+    broken.constraint = Constraint(error=RuntimeError("grammar"))
+    other = decoding(9)
+    plan = schedule([broken, other], ALONE, BLOCK)
+    assert plan.streams == [other]
+    assert broken.finish == "error" and isinstance(broken.error, RuntimeError)
+    with pytest.raises(RuntimeError):
+        draft(broken)
