@@ -2,17 +2,17 @@
  * over the rows of a step (a token per decoding stream, drafted tokens, prompt chunks).
  *
  * Why: the torch step is ~1,800 eager ops, each paying its dispatch at one row; here a
- * layer is eight passes over a persistent thread pool (inference/native/README.md).
+ * layer is ten passes over a persistent thread pool (dc_forward; docs/native.md).
  *
  * Batch-invariant by construction: every value of a row is computed by one thread, in an
  * order fixed by the row alone (its length, its position), never by the other rows or by
  * the number of threads. Integer products are exact, so their blocking does not matter.
  * Activations are int8 per row (symmetric, max |x| -> 127) and weights int8 per output
- * channel; products use the sign trick (|w| as unsigned times x with w's sign), whose pair
- * sums stay below 2 x 127 x 127 and so never saturate: 8-bit rows on every CPU.
+ * channel; products use the sign trick (at dot_rows), whose pair sums never saturate:
+ * 8-bit rows on every CPU. Float code is compiled without FMA contraction (at emit).
  *
- * Built per CPU by inference/native/build.py (-mavx2, -mavx, -mssse3 or plain x86-64);
- * the same source serves each, by the macros below.
+ * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, -mavx, -msse4.2 or plain
+ * x86-64); the same source serves each, by the macros below.
  */
 #include <math.h>
 #include <pthread.h>
@@ -168,7 +168,17 @@ void dc_head_set(Model *m, const int8_t *q, const float *scale) {
 
 /* A pass is `items` independent work items; thread t takes a fixed contiguous share. The
  * workers spin briefly between passes (a layer's passes are microseconds apart) and then
- * sleep on a condition variable, so an idle server costs no CPU. */
+ * sleep on a condition variable, so an idle server costs no CPU.
+ *
+ * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
+ * In the server that is the inference thread (inference/runtime/worker.py), which loads the
+ * model and runs every step; HTTP threads never call in. That is why the pool has no lock on
+ * its caller's side: started, fn, ctx, items and active are plain fields that only the caller
+ * writes, only between passes, and the workers read them only after the caller's increment
+ * of `generation` (a sequentially consistent atomic, so it publishes the writes before it)
+ * and before their own increment of `done`, which run() waits for before it returns. A
+ * second caller at the same time would overwrite a pass in flight. The models' scratch
+ * buffers (dc_forward) rest on the same rule. */
 typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
 
 static struct {
@@ -240,7 +250,8 @@ static int pool_grow(int threads) {
     return 0;
 }
 
-/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). */
+/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). Only the one
+ * calling thread enters (see the pool): it returns once every worker has finished. */
 static void run(int threads, work_fn fn, void *ctx, int items) {
     if (threads <= 1 || items <= 1) {
         if (items > 0) fn(ctx, 0, items, 0);
@@ -267,13 +278,18 @@ static void run(int threads, work_fn fn, void *ctx, int items) {
         else sched_yield();
 }
 
-/* ---------------------------------------------------------------- row kernels */
+/* ---------------------------------------------------------------- row kernels
+ * The float code from here on (norms, exp8, rotary, attention, emit) has many a * b + c.
+ * Each is a product rounded and then a sum rounded, never one fused multiply-add, because
+ * build.py compiles with -ffp-contract=off: a fused one rounds once and gives other bits,
+ * and GCC would fuse in some copies of a loop and not in others, and only in the avx2
+ * build (the one with -mfma). The notes below mark where it would happen. */
 
 static float sum_squares(const float *x, int n) {
     v8f acc = {0};
     for (int i = 0; i < n; i += 8) {
         v8f v = *(const v8f *)(x + i);
-        acc += v * v;
+        acc += v * v; /* not fused: -ffp-contract=off */
     }
     float s = 0;
     for (int j = 0; j < 8; j++) s += acc[j];
@@ -310,6 +326,8 @@ static v8f exp8(v8f x) {
     const v8f lo = {-87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f};
     const v8f hi = {88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f};
     x = vmin(vmax(x, lo), hi);
+    /* Horner's a * b + c, each rounded twice (-ffp-contract=off): inference/quant/exact.py
+     * repeats these operations in torch and gets the same bits only so. */
     v8f fx = x * 1.44269504088896341f + 0.5f;
     v8i n = __builtin_convertvector(fx, v8i);
     v8f fn = __builtin_convertvector(n, v8f);
@@ -339,7 +357,15 @@ static inline int32_t hsum(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32 */
+/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32.
+ *
+ * The sign trick: the only 8-bit multiply-add, pmaddubsw (_mm256_maddubs_epi16), takes an
+ * UNSIGNED byte times a signed byte, and both w and x are signed. So the unsigned side is
+ * |w| (psignb of w by itself) and w's sign moves onto x (psignb of x by w: negated where
+ * w < 0, zero where w == 0); |w| * (x * sign w) = w * x. Both are in [-127, 127] (the
+ * quantizers never give -128, which psignb could not negate), so a pair sum is at most
+ * 2 x 127 x 127 = 32,258 and never saturates pmaddubsw's 16 bits: every product is exact,
+ * with all 8 bits of the row. pmaddwd by ones then adds pairs into exact 32-bit sums. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -347,9 +373,10 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
     for (int i = 0; i < k; i += 32) {
         __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i aw = _mm256_sign_epi8(wv, wv);
+        __m256i aw = _mm256_sign_epi8(wv, wv); /* |w|: pmaddubsw's unsigned operand */
         for (int r = 0; r < nr; r++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)r * k + i));
+            /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
             __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
         }
@@ -363,6 +390,8 @@ static inline int32_t hsum(__m128i s) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* The AVX2 dot_rows at 16 bytes (SSSE3 has pmaddubsw and psignb): the same sign trick,
+ * the same exact integer sums, so the same results. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
     const __m128i ones = _mm_set1_epi16(1);
@@ -370,9 +399,10 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) acc[r] = _mm_setzero_si128();
     for (int i = 0; i < k; i += 16) {
         __m128i wv = _mm_loadu_si128((const __m128i *)(w + i));
-        __m128i aw = _mm_sign_epi8(wv, wv);
+        __m128i aw = _mm_sign_epi8(wv, wv); /* |w|: pmaddubsw's unsigned operand */
         for (int r = 0; r < nr; r++) {
             __m128i xv = _mm_loadu_si128((const __m128i *)(x + (size_t)r * k + i));
+            /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
             __m128i p = _mm_maddubs_epi16(aw, _mm_sign_epi8(xv, wv));
             acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(p, ones));
         }
@@ -380,6 +410,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
 }
 #else
+/* Plain C: int32 sums of int8 products are exact, so these are the vector builds' values. */
 static inline void dot_rows(const int8_t *w, const int8_t *x, int nr, int k, int32_t *out) {
     for (int r = 0; r < nr; r++) {
         int32_t s = 0;
@@ -399,12 +430,18 @@ typedef struct {
     int add; /* 1: y += result (a residual), 0: y = result */
 } Gemm;
 
+/* The integer sum of (row r, channel n) as float: times the channel's scale and the row's,
+ * plus the bias, plus the residual. emit is inlined into gemm_tiles' ROWS-row loop and into
+ * its one-row loop for the remainder. With contraction on, GCC fused the product with the
+ * add after it in one copy and not in the other, so a row's bits depended on whether it fell
+ * in a block of ROWS, that is on the rows beside it (a test caught it). -ffp-contract=off
+ * (build.py) keeps the product and each add separate roundings in both copies and builds. */
 static inline void emit(const Gemm *g, int r, int n, int32_t acc) {
     const Linear *l = g->lin;
     float v = ((float)acc * l->scale[n]) * g->xs[r];
-    if (l->bias) v += l->bias[n];
+    if (l->bias) v += l->bias[n]; /* an add of its own, not fused with the product */
     float *y = g->y + (size_t)r * g->ystride + n;
-    *y = g->add ? *y + v : v;
+    *y = g->add ? *y + v : v; /* the residual: an add of its own too */
 }
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
@@ -475,6 +512,7 @@ static uint16_t *kv_at(const Step *s, int r, int which, int kv_head, int positio
 static void rotate(float *x, const float *cos, const float *sin, int d) {
     float out[d];
     int half = d / 2;
+    /* two products and a sum, not fused (-ffp-contract=off): the same bits on every build */
     for (int i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
     memcpy(x, out, sizeof out);
 }
@@ -519,6 +557,7 @@ static v8f scores8(const float *q, const uint16_t *keys, int count, int d) {
     for (int t = 0; t < count; t++) {
         const uint16_t *k = keys + (size_t)t * d;
         v8f a = *(const v8f *)q * from_half8(k);
+        /* a += q * k, the product rounded before the sum (-ffp-contract=off) */
         for (int i = 8; i < d; i += 8) a += *(const v8f *)(q + i) * from_half8(k + i);
         acc[t] = a;
     }
@@ -568,6 +607,7 @@ static void attend(void *ctx, int begin, int end, int thread) {
             for (int i = 0; i < d / 8; i++) v[i] = from_half8(values + (size_t)j * d + 8 * i);
             for (int h = 0; h < group; h++) {
                 float p = scores[(size_t)h * s->stride + j];
+                /* p * v rounded, then added: not fused (-ffp-contract=off) */
                 for (int i = 0; i < d / 8; i++) out[h][i] += p * v[i];
             }
         }
