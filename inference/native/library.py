@@ -101,7 +101,9 @@ def load(isa: str, spare: Path | None = None) -> Library | None:
 
 
 class NativeModel:
-    """A decoder's weights registered with the library, and its forward."""
+    """A decoder's weights registered with the library, and its forward. The library keeps
+    the step's working buffers with the model, grown to the largest step run, and frees them
+    with it (dc_model_free, when this object goes)."""
 
     def __init__(self, lib: Library, d):
         """`d`: the Decoder (inference/model/decoder.py) whose weights these are."""

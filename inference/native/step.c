@@ -91,6 +91,19 @@ typedef struct {
     Linear qkv, o, gate_up, down;
 } Layer;
 
+/* A step's working rows, kept with the model from one call to the next (dc_forward). */
+typedef struct {
+    int rows; /* the rows the buffers below hold; 0 before the first step */
+    int8_t *xq; /* [rows, max k]: a pass's input rows as int8 */
+    float *xs; /* [rows]: their scales */
+    float *qkv; /* [rows, qkv width] */
+    float *attn; /* [rows, heads * head_dim] */
+    float *gu; /* [rows, 2 inter] */
+    float *last; /* [rows, hidden]: the rows whose logits are asked, for the final norm */
+    float *scores; /* per thread: a query group's scores, [group, stride] */
+    size_t scores_len; /* floats that `scores` holds */
+} Scratch;
+
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter, vocab, context;
     float eps, scaling;
@@ -99,6 +112,7 @@ typedef struct {
     const float *final_norm;
     Linear head;
     Layer *layer;
+    Scratch scratch;
 } Model;
 
 /* The build's level, as inference/native/build.py names it */
@@ -130,12 +144,33 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
         return NULL;
     }
     *m = (Model){layers, hidden, heads, kv_heads, head_dim, inter, vocab, context, eps,
-                 scaling, cos, sin, final_norm, {0}, m->layer};
+                 scaling, cos, sin, final_norm, {0}, m->layer, {0}};
     return m;
 }
 
+static void scratch_free_rows(Scratch *b) {
+    free(b->xq);
+    free(b->xs);
+    free(b->qkv);
+    free(b->attn);
+    free(b->gu);
+    free(b->last);
+    b->xq = NULL;
+    b->xs = b->qkv = b->attn = b->gu = b->last = NULL;
+    b->rows = 0;
+}
+
+static void scratch_free(Scratch *b) {
+    scratch_free_rows(b);
+    free(b->scores);
+    b->scores = NULL;
+    b->scores_len = 0;
+}
+
 void dc_model_free(Model *m) {
-    if (m) free(m->layer);
+    if (!m) return;
+    scratch_free(&m->scratch);
+    free(m->layer);
     free(m);
 }
 
@@ -307,7 +342,7 @@ static float abs_max(const float *x, int n) {
     return r;
 }
 
-/* x -> int8 in [-127, 127] (half to even) and its scale; x is overwritten by nothing. */
+/* x -> int8 in [-127, 127] (half to even) and its scale; x is left as it is. */
 static void quantize_row(const float *x, int n, int8_t *q, float *scale) {
     float s = abs_max(x, n);
     s = (s < 1e-12f ? 1e-12f : s) / 127.0f;
@@ -475,14 +510,13 @@ static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
 
 typedef struct {
     const Model *m;
-    int rows;
     float *hidden; /* [rows, hidden] */
     const int32_t *pos;
     uint16_t *const *cache; /* per row: its sequence's [layers, 2, kv_heads, alloc, head_dim] */
     const int32_t *alloc;
     int layer;
     const float *norm; /* the norm pass's weight */
-    int8_t *xq; /* [rows, max k] */
+    int8_t *xq; /* [rows, max k]; this and the five below are the model's Scratch */
     float *xs;
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
@@ -639,72 +673,97 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
     }
 }
 
+/* 32-byte aligned memory for `bytes`, rounded up to 32 as aligned_alloc asks; NULL for none */
+static void *aligned(size_t bytes) { return aligned_alloc(32, (bytes + 31) / 32 * 32); }
+
+/* The model's buffers made big enough for a step of `rows` rows (and `rows` asked logits)
+ * and `scores` floats of attention scores. They are allocated at the first step and kept
+ * with the model (freed by dc_model_free), instead of six allocations every step. How many
+ * rows a step has is the engine's choice (a prefill chunk, the decoding streams with their
+ * drafts) and a measurement may run a whole text in one call, so they grow when a step needs
+ * more than any before: rows by whole blocks of 32, scores to at least twice what they held
+ * (they grow with the longest position). Never shrunk. Only the one calling thread (see the
+ * pool) runs a step, so no step can be using them while they grow. Returns 0, or -1 when
+ * memory ran out (the buffers then hold nothing, and the next step tries again). */
+static int scratch_fit(Model *m, int rows, size_t scores) {
+    Scratch *b = &m->scratch;
+    if (rows > b->rows) {
+        size_t n = ((size_t)rows + 31) / 32 * 32, attn = (size_t)m->heads * m->head_dim;
+        size_t width = attn + (size_t)2 * m->kv_heads * m->head_dim;
+        size_t k_max = (size_t)(m->inter > m->hidden ? m->inter : m->hidden); /* xq's widest */
+        k_max = attn > k_max ? attn : k_max;
+        scratch_free_rows(b);
+        b->xq = aligned(n * k_max);
+        b->xs = aligned(sizeof(float) * n);
+        b->qkv = aligned(sizeof(float) * n * width);
+        b->attn = aligned(sizeof(float) * n * attn);
+        b->gu = aligned(sizeof(float) * n * 2 * m->inter);
+        b->last = aligned(sizeof(float) * n * m->hidden);
+        if (!b->xq || !b->xs || !b->qkv || !b->attn || !b->gu || !b->last) {
+            scratch_free_rows(b);
+            return -1;
+        }
+        b->rows = (int)n;
+    }
+    if (scores > b->scores_len) {
+        size_t n = scores > 2 * b->scores_len ? scores : 2 * b->scores_len;
+        free(b->scores);
+        b->scores = aligned(sizeof(float) * n);
+        b->scores_len = b->scores ? n : 0;
+        if (!b->scores) return -1;
+    }
+    return 0;
+}
+
 /* Runs the rows through every layer, then the final norm and the head for the rows listed
  * in `out` (logits [n_out, vocab]). Row r goes at position pos[r] of the cache at cache[r]
  * (room for alloc[r] positions), which must already hold its positions before pos[r]:
- * the rows of one sequence come in order. Returns 0, -1 when memory ran out, -2 for a
- * position past the rotary table. */
-int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *const *cache,
+ * the rows of one sequence come in order. A layer is ten passes over the pool. Returns 0, -1
+ * when memory ran out, -2 for a position past the rotary table. */
+int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *const *cache,
                const int32_t *alloc, int n_out, const int32_t *out, float *logits,
                int threads) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (pool_grow(threads)) threads = pool.started + 1;
     int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
-    int k_max = m->inter > m->hidden ? m->inter : m->hidden;
     int longest = 0;
     for (int r = 0; r < rows; r++) {
         if (pos[r] < 0 || pos[r] >= m->context) return -2; /* past the rotary table */
         longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
     }
-    Step s = {.m = m, .rows = rows, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc};
-    s.stride = (longest + 7) / 8 * 8;
-    s.xq = aligned_alloc(32, ((size_t)rows * k_max + 31) / 32 * 32);
-    s.xs = malloc(sizeof(float) * (size_t)(rows > n_out ? rows : n_out));
-    s.qkv = aligned_alloc(32, sizeof(float) * (size_t)rows * width);
-    s.attn = aligned_alloc(32, sizeof(float) * (size_t)rows * m->heads * d);
-    s.gu = aligned_alloc(32, sizeof(float) * (size_t)rows * 2 * m->inter);
-    s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * (m->heads / m->kv_heads) *
-                                     s.stride);
-    int failed = !s.xq || !s.xs || !s.qkv || !s.attn || !s.gu || !s.scores;
-    for (int i = 0; i < m->layers && !failed; i++) {
+    int stride = (longest + 7) / 8 * 8;
+    size_t scores = (size_t)threads * (m->heads / m->kv_heads) * stride;
+    if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
+    const Scratch *b = &m->scratch;
+    Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
+              .xq = b->xq, .xs = b->xs, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
+              .scores = b->scores, .stride = stride};
+    for (int i = 0; i < m->layers; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
         s.norm = l->input_norm;
-        run(threads, norm_rows, &s, rows);
-        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);
-        run(threads, rope_and_store, &s, rows);
-        run(threads, attend, &s, rows * m->kv_heads);
-        run(threads, quantize_attn, &s, rows);
-        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);
+        run(threads, norm_rows, &s, rows);                                   /* pass 1 */
+        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);           /* 2 */
+        run(threads, rope_and_store, &s, rows);                              /* 3 */
+        run(threads, attend, &s, rows * m->kv_heads);                        /* 4 */
+        run(threads, quantize_attn, &s, rows);                               /* 5 */
+        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);        /* 6 */
         s.norm = l->post_norm;
-        run(threads, norm_rows, &s, rows);
-        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0);
-        run(threads, silu_mul, &s, rows);
-        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);
+        run(threads, norm_rows, &s, rows);                                   /* 7 */
+        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0); /* 8 */
+        run(threads, silu_mul, &s, rows);                                    /* 9 */
+        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);     /* 10 */
     }
-    if (!failed) {
-        float *last = aligned_alloc(32, sizeof(float) * (size_t)(n_out ? n_out : 1) * m->hidden);
-        if (last) {
-            for (int j = 0; j < n_out; j++)
-                memcpy(last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
-                       sizeof(float) * m->hidden);
-            Step f = s;
-            f.rows = n_out;
-            f.hidden = last;
-            f.norm = m->final_norm;
-            run(threads, norm_rows, &f, n_out);
-            gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
-            free(last);
-        } else failed = 1;
-    }
-    free(s.xq);
-    free(s.xs);
-    free(s.qkv);
-    free(s.attn);
-    free(s.gu);
-    free(s.scores);
-    return failed ? -1 : 0;
+    for (int j = 0; j < n_out; j++)
+        memcpy(b->last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
+               sizeof(float) * m->hidden);
+    Step f = s;
+    f.hidden = b->last;
+    f.norm = m->final_norm;
+    run(threads, norm_rows, &f, n_out);
+    gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
+    return 0;
 }
 
 /* One Linear alone, for the paths that run a projection by itself (quality measures, a
