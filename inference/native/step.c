@@ -207,18 +207,20 @@ void dc_head_set(Model *m, const int8_t *q, const float *scale) {
  *
  * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
  * In the server that is the inference thread (inference/runtime/worker.py), which loads the
- * model and runs every step; HTTP threads never call in. That is why the pool has no lock on
- * its caller's side: started, fn, ctx, items and active are plain fields that only the caller
- * writes, only between passes, and the workers read them only after the caller's increment
- * of `generation` (a sequentially consistent atomic, so it publishes the writes before it)
- * and before their own increment of `done`, which run() waits for before it returns. A
- * second caller at the same time would overwrite a pass in flight. The models' scratch
- * buffers (dc_forward) rest on the same rule. */
+ * model and runs every step; HTTP threads never call in. That is why the pool needs no lock
+ * on its caller's side: started, born, fn, ctx, items and active are plain fields that only
+ * the caller writes, only between passes; a worker reads them after the caller's increment
+ * of `generation` (a sequentially consistent atomic: it publishes the writes before it) or
+ * at its start (pthread_create publishes), and is done with them before its own increment of
+ * `done`, which run() waits for before it returns. A second caller at the same time would
+ * overwrite a pass in flight. The models' scratch buffers (dc_forward) rest on the same
+ * rule. */
 typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
 
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
+    int born[MAX_THREADS]; /* per worker: the generation when it was started */
     atomic_int generation, done, sleepers;
     work_fn fn;
     void *ctx;
@@ -247,7 +249,10 @@ static void share(int id, int active, int items, int *begin, int *end) {
 }
 
 static void *worker(void *arg) {
-    int id = (int)(intptr_t)arg, seen = 0;
+    /* A worker started after some passes must not take the last pass, long over, for a new
+     * one: it would add to `done` for the next pass, and run() could return before that
+     * pass's work is all done. So it starts from the generation it was born in. */
+    int id = (int)(intptr_t)arg, seen = pool.born[id];
     for (;;) {
         double since = 0;
         int spins = 0, gen;
@@ -277,6 +282,8 @@ static void *worker(void *arg) {
 
 static int pool_grow(int threads) {
     while (pool.started < threads - 1) {
+        /* between passes: no one moves the generation (pthread_create publishes this) */
+        pool.born[pool.started + 1] = atomic_load(&pool.generation);
         if (pthread_create(&pool.thread[pool.started], NULL, worker,
                            (void *)(intptr_t)(pool.started + 1)))
             return -1;
