@@ -41,7 +41,6 @@ class Library:
     """One loaded build of step.c."""
 
     def __init__(self, path: Path):
-        self.path = path
         self.dll = ctypes.CDLL(str(path))
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(self.dll, name)
