@@ -32,8 +32,12 @@ ISA_FLAGS = {
     "older": [],
 }
 LEVEL_OF = {"avx512": "avx2"}
-# -ffp-contract=off: GCC would fuse a * b + c into an FMA in some copies of a loop and not
-# in others (the unrolled rows vs the last row), and a row's bits would follow its place.
+# Every level gets COMMON_FLAGS; only ISA_FLAGS differ. -ffp-contract=off is what batch
+# invariance and "the same bits on every build" rest on: with it on, GCC would fuse a * b + c
+# into one FMA (one rounding instead of two) in some copies of a loop and not in others (the
+# unrolled rows vs the last row, step.c's emit), so a row's bits would follow its place in
+# the step; and only the avx2 build, the one with -mfma, would fuse at all. step.c notes each
+# place (emit, exp8, rotate, attention) where a fused multiply-add would change the bits.
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off"]
 COMMON_FLAGS += ["-Wno-psabi"]
 COMPILE_SECONDS = 120

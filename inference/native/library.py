@@ -41,7 +41,6 @@ class Library:
     """One loaded build of step.c."""
 
     def __init__(self, path: Path):
-        self.path = path
         self.dll = ctypes.CDLL(str(path))
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(self.dll, name)
@@ -101,7 +100,9 @@ def load(isa: str, spare: Path | None = None) -> Library | None:
 
 
 class NativeModel:
-    """A decoder's weights registered with the library, and its forward."""
+    """A decoder's weights registered with the library, and its forward. The library keeps
+    the step's working buffers with the model, grown to the largest step run, and frees them
+    with it (dc_model_free, when this object goes)."""
 
     def __init__(self, lib: Library, d):
         """`d`: the Decoder (inference/model/decoder.py) whose weights these are."""

@@ -2,17 +2,17 @@
  * over the rows of a step (a token per decoding stream, drafted tokens, prompt chunks).
  *
  * Why: the torch step is ~1,800 eager ops, each paying its dispatch at one row; here a
- * layer is eight passes over a persistent thread pool (inference/native/README.md).
+ * layer is ten passes over a persistent thread pool (dc_forward; docs/native.md).
  *
  * Batch-invariant by construction: every value of a row is computed by one thread, in an
  * order fixed by the row alone (its length, its position), never by the other rows or by
  * the number of threads. Integer products are exact, so their blocking does not matter.
  * Activations are int8 per row (symmetric, max |x| -> 127) and weights int8 per output
- * channel; products use the sign trick (|w| as unsigned times x with w's sign), whose pair
- * sums stay below 2 x 127 x 127 and so never saturate: 8-bit rows on every CPU.
+ * channel; products use the sign trick (at dot_rows), whose pair sums never saturate:
+ * 8-bit rows on every CPU. Float code is compiled without FMA contraction (at emit).
  *
- * Built per CPU by inference/native/build.py (-mavx2, -mavx, -mssse3 or plain x86-64);
- * the same source serves each, by the macros below.
+ * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, -mavx, -msse4.2 or plain
+ * x86-64); the same source serves each, by the macros below.
  */
 #include <math.h>
 #include <pthread.h>
@@ -91,6 +91,19 @@ typedef struct {
     Linear qkv, o, gate_up, down;
 } Layer;
 
+/* A step's working rows, kept with the model from one call to the next (dc_forward). */
+typedef struct {
+    int rows; /* the rows the buffers below hold; 0 before the first step */
+    int8_t *xq; /* [rows, max k]: a pass's input rows as int8 */
+    float *xs; /* [rows]: their scales */
+    float *qkv; /* [rows, qkv width] */
+    float *attn; /* [rows, heads * head_dim] */
+    float *gu; /* [rows, 2 inter] */
+    float *last; /* [rows, hidden]: the rows whose logits are asked, for the final norm */
+    float *scores; /* per thread: a query group's scores, [group, stride] */
+    size_t scores_len; /* floats that `scores` holds */
+} Scratch;
+
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter, vocab, context;
     float eps, scaling;
@@ -99,6 +112,7 @@ typedef struct {
     const float *final_norm;
     Linear head;
     Layer *layer;
+    Scratch scratch;
 } Model;
 
 /* The build's level, as inference/native/build.py names it */
@@ -130,12 +144,33 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
         return NULL;
     }
     *m = (Model){layers, hidden, heads, kv_heads, head_dim, inter, vocab, context, eps,
-                 scaling, cos, sin, final_norm, {0}, m->layer};
+                 scaling, cos, sin, final_norm, {0}, m->layer, {0}};
     return m;
 }
 
+static void scratch_free_rows(Scratch *b) {
+    free(b->xq);
+    free(b->xs);
+    free(b->qkv);
+    free(b->attn);
+    free(b->gu);
+    free(b->last);
+    b->xq = NULL;
+    b->xs = b->qkv = b->attn = b->gu = b->last = NULL;
+    b->rows = 0;
+}
+
+static void scratch_free(Scratch *b) {
+    scratch_free_rows(b);
+    free(b->scores);
+    b->scores = NULL;
+    b->scores_len = 0;
+}
+
 void dc_model_free(Model *m) {
-    if (m) free(m->layer);
+    if (!m) return;
+    scratch_free(&m->scratch);
+    free(m->layer);
     free(m);
 }
 
@@ -168,12 +203,24 @@ void dc_head_set(Model *m, const int8_t *q, const float *scale) {
 
 /* A pass is `items` independent work items; thread t takes a fixed contiguous share. The
  * workers spin briefly between passes (a layer's passes are microseconds apart) and then
- * sleep on a condition variable, so an idle server costs no CPU. */
+ * sleep on a condition variable, so an idle server costs no CPU.
+ *
+ * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
+ * In the server that is the inference thread (inference/runtime/worker.py), which loads the
+ * model and runs every step; HTTP threads never call in. That is why the pool needs no lock
+ * on its caller's side: started, born, fn, ctx, items and active are plain fields that only
+ * the caller writes, only between passes; a worker reads them after the caller's increment
+ * of `generation` (a sequentially consistent atomic: it publishes the writes before it) or
+ * at its start (pthread_create publishes), and is done with them before its own increment of
+ * `done`, which run() waits for before it returns. A second caller at the same time would
+ * overwrite a pass in flight. The models' scratch buffers (dc_forward) rest on the same
+ * rule. */
 typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
 
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
+    int born[MAX_THREADS]; /* per worker: the generation when it was started */
     atomic_int generation, done, sleepers;
     work_fn fn;
     void *ctx;
@@ -202,7 +249,10 @@ static void share(int id, int active, int items, int *begin, int *end) {
 }
 
 static void *worker(void *arg) {
-    int id = (int)(intptr_t)arg, seen = 0;
+    /* A worker started after some passes must not take the last pass, long over, for a new
+     * one: it would add to `done` for the next pass, and run() could return before that
+     * pass's work is all done. So it starts from the generation it was born in. */
+    int id = (int)(intptr_t)arg, seen = pool.born[id];
     for (;;) {
         double since = 0;
         int spins = 0, gen;
@@ -232,6 +282,8 @@ static void *worker(void *arg) {
 
 static int pool_grow(int threads) {
     while (pool.started < threads - 1) {
+        /* between passes: no one moves the generation (pthread_create publishes this) */
+        pool.born[pool.started + 1] = atomic_load(&pool.generation);
         if (pthread_create(&pool.thread[pool.started], NULL, worker,
                            (void *)(intptr_t)(pool.started + 1)))
             return -1;
@@ -240,7 +292,8 @@ static int pool_grow(int threads) {
     return 0;
 }
 
-/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). */
+/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). Only the one
+ * calling thread enters (see the pool): it returns once every worker has finished. */
 static void run(int threads, work_fn fn, void *ctx, int items) {
     if (threads <= 1 || items <= 1) {
         if (items > 0) fn(ctx, 0, items, 0);
@@ -267,13 +320,18 @@ static void run(int threads, work_fn fn, void *ctx, int items) {
         else sched_yield();
 }
 
-/* ---------------------------------------------------------------- row kernels */
+/* ---------------------------------------------------------------- row kernels
+ * The float code from here on (norms, exp8, rotary, attention, emit) has many a * b + c.
+ * Each is a product rounded and then a sum rounded, never one fused multiply-add, because
+ * build.py compiles with -ffp-contract=off: a fused one rounds once and gives other bits,
+ * and GCC would fuse in some copies of a loop and not in others, and only in the avx2
+ * build (the one with -mfma). The notes below mark where it would happen. */
 
 static float sum_squares(const float *x, int n) {
     v8f acc = {0};
     for (int i = 0; i < n; i += 8) {
         v8f v = *(const v8f *)(x + i);
-        acc += v * v;
+        acc += v * v; /* not fused: -ffp-contract=off */
     }
     float s = 0;
     for (int j = 0; j < 8; j++) s += acc[j];
@@ -291,7 +349,7 @@ static float abs_max(const float *x, int n) {
     return r;
 }
 
-/* x -> int8 in [-127, 127] (half to even) and its scale; x is overwritten by nothing. */
+/* x -> int8 in [-127, 127] (half to even) and its scale; x is left as it is. */
 static void quantize_row(const float *x, int n, int8_t *q, float *scale) {
     float s = abs_max(x, n);
     s = (s < 1e-12f ? 1e-12f : s) / 127.0f;
@@ -310,6 +368,8 @@ static v8f exp8(v8f x) {
     const v8f lo = {-87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f};
     const v8f hi = {88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f, 88.3f};
     x = vmin(vmax(x, lo), hi);
+    /* Horner's a * b + c, each rounded twice (-ffp-contract=off): inference/quant/exact.py
+     * repeats these operations in torch and gets the same bits only so. */
     v8f fx = x * 1.44269504088896341f + 0.5f;
     v8i n = __builtin_convertvector(fx, v8i);
     v8f fn = __builtin_convertvector(n, v8f);
@@ -339,7 +399,15 @@ static inline int32_t hsum(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32 */
+/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32.
+ *
+ * The sign trick: the only 8-bit multiply-add, pmaddubsw (_mm256_maddubs_epi16), takes an
+ * UNSIGNED byte times a signed byte, and both w and x are signed. So the unsigned side is
+ * |w| (psignb of w by itself) and w's sign moves onto x (psignb of x by w: negated where
+ * w < 0, zero where w == 0); |w| * (x * sign w) = w * x. Both are in [-127, 127] (the
+ * quantizers never give -128, which psignb could not negate), so a pair sum is at most
+ * 2 x 127 x 127 = 32,258 and never saturates pmaddubsw's 16 bits: every product is exact,
+ * with all 8 bits of the row. pmaddwd by ones then adds pairs into exact 32-bit sums. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -347,9 +415,10 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
     for (int i = 0; i < k; i += 32) {
         __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i aw = _mm256_sign_epi8(wv, wv);
+        __m256i aw = _mm256_sign_epi8(wv, wv); /* |w|: pmaddubsw's unsigned operand */
         for (int r = 0; r < nr; r++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)r * k + i));
+            /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
             __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
         }
@@ -363,6 +432,8 @@ static inline int32_t hsum(__m128i s) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* The AVX2 dot_rows at 16 bytes (SSSE3 has pmaddubsw and psignb): the same sign trick,
+ * the same exact integer sums, so the same results. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
     const __m128i ones = _mm_set1_epi16(1);
@@ -370,9 +441,10 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) acc[r] = _mm_setzero_si128();
     for (int i = 0; i < k; i += 16) {
         __m128i wv = _mm_loadu_si128((const __m128i *)(w + i));
-        __m128i aw = _mm_sign_epi8(wv, wv);
+        __m128i aw = _mm_sign_epi8(wv, wv); /* |w|: pmaddubsw's unsigned operand */
         for (int r = 0; r < nr; r++) {
             __m128i xv = _mm_loadu_si128((const __m128i *)(x + (size_t)r * k + i));
+            /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
             __m128i p = _mm_maddubs_epi16(aw, _mm_sign_epi8(xv, wv));
             acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(p, ones));
         }
@@ -380,6 +452,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
 }
 #else
+/* Plain C: int32 sums of int8 products are exact, so these are the vector builds' values. */
 static inline void dot_rows(const int8_t *w, const int8_t *x, int nr, int k, int32_t *out) {
     for (int r = 0; r < nr; r++) {
         int32_t s = 0;
@@ -399,12 +472,18 @@ typedef struct {
     int add; /* 1: y += result (a residual), 0: y = result */
 } Gemm;
 
+/* The integer sum of (row r, channel n) as float: times the channel's scale and the row's,
+ * plus the bias, plus the residual. emit is inlined into gemm_tiles' ROWS-row loop and into
+ * its one-row loop for the remainder. With contraction on, GCC fused the product with the
+ * add after it in one copy and not in the other, so a row's bits depended on whether it fell
+ * in a block of ROWS, that is on the rows beside it (a test caught it). -ffp-contract=off
+ * (build.py) keeps the product and each add separate roundings in both copies and builds. */
 static inline void emit(const Gemm *g, int r, int n, int32_t acc) {
     const Linear *l = g->lin;
     float v = ((float)acc * l->scale[n]) * g->xs[r];
-    if (l->bias) v += l->bias[n];
+    if (l->bias) v += l->bias[n]; /* an add of its own, not fused with the product */
     float *y = g->y + (size_t)r * g->ystride + n;
-    *y = g->add ? *y + v : v;
+    *y = g->add ? *y + v : v; /* the residual: an add of its own too */
 }
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
@@ -438,14 +517,13 @@ static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
 
 typedef struct {
     const Model *m;
-    int rows;
     float *hidden; /* [rows, hidden] */
     const int32_t *pos;
     uint16_t *const *cache; /* per row: its sequence's [layers, 2, kv_heads, alloc, head_dim] */
     const int32_t *alloc;
     int layer;
     const float *norm; /* the norm pass's weight */
-    int8_t *xq; /* [rows, max k] */
+    int8_t *xq; /* [rows, max k]; this and the five below are the model's Scratch */
     float *xs;
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
@@ -475,6 +553,7 @@ static uint16_t *kv_at(const Step *s, int r, int which, int kv_head, int positio
 static void rotate(float *x, const float *cos, const float *sin, int d) {
     float out[d];
     int half = d / 2;
+    /* two products and a sum, not fused (-ffp-contract=off): the same bits on every build */
     for (int i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
     memcpy(x, out, sizeof out);
 }
@@ -519,6 +598,7 @@ static v8f scores8(const float *q, const uint16_t *keys, int count, int d) {
     for (int t = 0; t < count; t++) {
         const uint16_t *k = keys + (size_t)t * d;
         v8f a = *(const v8f *)q * from_half8(k);
+        /* a += q * k, the product rounded before the sum (-ffp-contract=off) */
         for (int i = 8; i < d; i += 8) a += *(const v8f *)(q + i) * from_half8(k + i);
         acc[t] = a;
     }
@@ -568,6 +648,7 @@ static void attend(void *ctx, int begin, int end, int thread) {
             for (int i = 0; i < d / 8; i++) v[i] = from_half8(values + (size_t)j * d + 8 * i);
             for (int h = 0; h < group; h++) {
                 float p = scores[(size_t)h * s->stride + j];
+                /* p * v rounded, then added: not fused (-ffp-contract=off) */
                 for (int i = 0; i < d / 8; i++) out[h][i] += p * v[i];
             }
         }
@@ -599,72 +680,97 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
     }
 }
 
+/* 32-byte aligned memory for `bytes`, rounded up to 32 as aligned_alloc asks; NULL for none */
+static void *aligned(size_t bytes) { return aligned_alloc(32, (bytes + 31) / 32 * 32); }
+
+/* The model's buffers made big enough for a step of `rows` rows (and `rows` asked logits)
+ * and `scores` floats of attention scores. They are allocated at the first step and kept
+ * with the model (freed by dc_model_free), instead of six allocations every step. How many
+ * rows a step has is the engine's choice (a prefill chunk, the decoding streams with their
+ * drafts) and a measurement may run a whole text in one call, so they grow when a step needs
+ * more than any before: rows by whole blocks of 32, scores to at least twice what they held
+ * (they grow with the longest position). Never shrunk. Only the one calling thread (see the
+ * pool) runs a step, so no step can be using them while they grow. Returns 0, or -1 when
+ * memory ran out (the buffers then hold nothing, and the next step tries again). */
+static int scratch_fit(Model *m, int rows, size_t scores) {
+    Scratch *b = &m->scratch;
+    if (rows > b->rows) {
+        size_t n = ((size_t)rows + 31) / 32 * 32, attn = (size_t)m->heads * m->head_dim;
+        size_t width = attn + (size_t)2 * m->kv_heads * m->head_dim;
+        size_t k_max = (size_t)(m->inter > m->hidden ? m->inter : m->hidden); /* xq's widest */
+        k_max = attn > k_max ? attn : k_max;
+        scratch_free_rows(b);
+        b->xq = aligned(n * k_max);
+        b->xs = aligned(sizeof(float) * n);
+        b->qkv = aligned(sizeof(float) * n * width);
+        b->attn = aligned(sizeof(float) * n * attn);
+        b->gu = aligned(sizeof(float) * n * 2 * m->inter);
+        b->last = aligned(sizeof(float) * n * m->hidden);
+        if (!b->xq || !b->xs || !b->qkv || !b->attn || !b->gu || !b->last) {
+            scratch_free_rows(b);
+            return -1;
+        }
+        b->rows = (int)n;
+    }
+    if (scores > b->scores_len) {
+        size_t n = scores > 2 * b->scores_len ? scores : 2 * b->scores_len;
+        free(b->scores);
+        b->scores = aligned(sizeof(float) * n);
+        b->scores_len = b->scores ? n : 0;
+        if (!b->scores) return -1;
+    }
+    return 0;
+}
+
 /* Runs the rows through every layer, then the final norm and the head for the rows listed
  * in `out` (logits [n_out, vocab]). Row r goes at position pos[r] of the cache at cache[r]
  * (room for alloc[r] positions), which must already hold its positions before pos[r]:
- * the rows of one sequence come in order. Returns 0, -1 when memory ran out, -2 for a
- * position past the rotary table. */
-int dc_forward(const Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *const *cache,
+ * the rows of one sequence come in order. A layer is ten passes over the pool. Returns 0, -1
+ * when memory ran out, -2 for a position past the rotary table. */
+int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *const *cache,
                const int32_t *alloc, int n_out, const int32_t *out, float *logits,
                int threads) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (pool_grow(threads)) threads = pool.started + 1;
     int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
-    int k_max = m->inter > m->hidden ? m->inter : m->hidden;
     int longest = 0;
     for (int r = 0; r < rows; r++) {
         if (pos[r] < 0 || pos[r] >= m->context) return -2; /* past the rotary table */
         longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
     }
-    Step s = {.m = m, .rows = rows, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc};
-    s.stride = (longest + 7) / 8 * 8;
-    s.xq = aligned_alloc(32, ((size_t)rows * k_max + 31) / 32 * 32);
-    s.xs = malloc(sizeof(float) * (size_t)(rows > n_out ? rows : n_out));
-    s.qkv = aligned_alloc(32, sizeof(float) * (size_t)rows * width);
-    s.attn = aligned_alloc(32, sizeof(float) * (size_t)rows * m->heads * d);
-    s.gu = aligned_alloc(32, sizeof(float) * (size_t)rows * 2 * m->inter);
-    s.scores = aligned_alloc(32, sizeof(float) * (size_t)threads * (m->heads / m->kv_heads) *
-                                     s.stride);
-    int failed = !s.xq || !s.xs || !s.qkv || !s.attn || !s.gu || !s.scores;
-    for (int i = 0; i < m->layers && !failed; i++) {
+    int stride = (longest + 7) / 8 * 8;
+    size_t scores = (size_t)threads * (m->heads / m->kv_heads) * stride;
+    if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
+    const Scratch *b = &m->scratch;
+    Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
+              .xq = b->xq, .xs = b->xs, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
+              .scores = b->scores, .stride = stride};
+    for (int i = 0; i < m->layers; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
         s.norm = l->input_norm;
-        run(threads, norm_rows, &s, rows);
-        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);
-        run(threads, rope_and_store, &s, rows);
-        run(threads, attend, &s, rows * m->kv_heads);
-        run(threads, quantize_attn, &s, rows);
-        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);
+        run(threads, norm_rows, &s, rows);                                   /* pass 1 */
+        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);           /* 2 */
+        run(threads, rope_and_store, &s, rows);                              /* 3 */
+        run(threads, attend, &s, rows * m->kv_heads);                        /* 4 */
+        run(threads, quantize_attn, &s, rows);                               /* 5 */
+        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);        /* 6 */
         s.norm = l->post_norm;
-        run(threads, norm_rows, &s, rows);
-        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0);
-        run(threads, silu_mul, &s, rows);
-        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);
+        run(threads, norm_rows, &s, rows);                                   /* 7 */
+        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0); /* 8 */
+        run(threads, silu_mul, &s, rows);                                    /* 9 */
+        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);     /* 10 */
     }
-    if (!failed) {
-        float *last = aligned_alloc(32, sizeof(float) * (size_t)(n_out ? n_out : 1) * m->hidden);
-        if (last) {
-            for (int j = 0; j < n_out; j++)
-                memcpy(last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
-                       sizeof(float) * m->hidden);
-            Step f = s;
-            f.rows = n_out;
-            f.hidden = last;
-            f.norm = m->final_norm;
-            run(threads, norm_rows, &f, n_out);
-            gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
-            free(last);
-        } else failed = 1;
-    }
-    free(s.xq);
-    free(s.xs);
-    free(s.qkv);
-    free(s.attn);
-    free(s.gu);
-    free(s.scores);
-    return failed ? -1 : 0;
+    for (int j = 0; j < n_out; j++)
+        memcpy(b->last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
+               sizeof(float) * m->hidden);
+    Step f = s;
+    f.hidden = b->last;
+    f.norm = m->final_norm;
+    run(threads, norm_rows, &f, n_out);
+    gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
+    return 0;
 }
 
 /* One Linear alone, for the paths that run a projection by itself (quality measures, a

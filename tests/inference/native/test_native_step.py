@@ -176,6 +176,25 @@ def test_a_prompt_chunked_or_drafted_gives_the_same_bits(native_decoder):
     assert torch.equal(torch.cat(parts), whole)
 
 
+def test_buffers_kept_from_step_to_step_change_no_bits(native_decoder, monkeypatch):
+    """The step's buffers stay with the model and grow with its biggest step: a model that
+    ran the steps before gives the bits of one made now."""
+    from inference.native.library import NativeModel
+
+    def run() -> torch.Tensor:
+        cache = native_decoder.new_cache(CONTEXT)
+        ids = list(range(300, 370))  # 70 rows: past the first blocks of 32
+        out = [native_decoder.forward([Segment(cache, ids[:1])], True)]
+        out.append(native_decoder.forward([Segment(cache, ids[1:])], True))
+        out.append(native_decoder.forward([Segment(cache, [5, 6], decoding=True)]))
+        return torch.cat(out)
+
+    used = run()
+    fresh = NativeModel(native_decoder._native.lib, native_decoder)
+    monkeypatch.setattr(native_decoder, "_native", fresh)
+    assert torch.equal(run(), used)
+
+
 @pytest.fixture(scope="module")
 def own_build_steps(embedded_dir, tokenizer) -> list[torch.Tensor]:
     decoder = load(embedded_dir, tokenizer, built(build.level(build.this_cpu())))
