@@ -149,6 +149,8 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
             body["decode_step"] = runtime.decode_step
         if runtime.weights_digest is not None:
             body["weights_sha256"] = runtime.weights_digest
+        if runtime.prefixes is not None:
+            body["prefix_cache"] = runtime.prefixes.as_dict()
         return jsonify(body), 200 if worker.alive else 503
 
     app.register_blueprint(chat_api.blueprint(config, runtime))

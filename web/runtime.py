@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from inference.host.threads import ThreadGovernor
+from inference.model.prefix_cache import PrefixCache
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.jobs import SamplingDefaults
 from inference.runtime.prompt import PromptBuilder
@@ -26,6 +27,7 @@ class Runtime:
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
     decode_step: str | None = None  # "native avx2" ... or "torch": Engine.decode_step
     weights_digest: str | None = None  # Engine.weights_digest: equal on PCs that agree
+    prefixes: PrefixCache | None = None  # Engine.prefixes: the shared prefix cache, when on
     # What a request silent on temperature, top_p, top_k, min_p, repetition_penalty gets
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 

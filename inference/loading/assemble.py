@@ -271,7 +271,7 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
         choice.name,
         context,
         eos_token_ids(model, tokenizer),
-        prefix_cache=config.prefix_cache,
+        prefix_cache_bytes=config.prefix_cache_mb * 2**20 if config.prefix_cache else 0,
         speculate=config.speculate,
         native=plan.native,
     )

@@ -114,6 +114,17 @@ class PrefixCache:
             _, block = self._blocks.popitem(last=False)
             self.bytes -= block.numel() * block.element_size()
 
+    def as_dict(self) -> dict:
+        """For /health: the budget, what is held, and the prompt tokens taken from it or
+        computed since start."""
+        return {
+            "budget_mb": round(self.budget_bytes / 2**20, 1),
+            "used_mb": round(self.bytes / 2**20, 1),
+            "blocks": len(self._blocks),
+            "reused_tokens": self.hits,
+            "computed_tokens": self.misses,
+        }
+
     def clear(self) -> None:
         self._blocks.clear()
         self.bytes = 0

@@ -95,6 +95,7 @@ def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
     if stream.completion_tokens == 0:
         stream.ttft_s = time.monotonic() - stream.opened
     stream.completion_tokens += 1
+    stream.answer_ids.append(token)
     stream.token = token
     if stream.lookup is not None:
         stream.lookup.extend([token])

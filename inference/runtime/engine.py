@@ -5,9 +5,9 @@ parts: schedule (which rows run: a decoding stream's token and its drafts, promp
 inference/runtime/schedule.py), run the forward, accept (each stream's tokens from its
 rows: penalties, grammar, sampling, stop strings, text, inference/runtime/accept.py).
 Every stream keeps its own sampling (temperature, top_p, top_k, min_p, penalties, seed,
-stop strings, JSON grammar, logprobs), token budget and KV cache. With `prefix_cache` the
-cache of the last finished stream is kept, and a prompt that starts with the same ids (the
-next turn of that conversation) only runs its new suffix. With `speculate`, a decoding
+stop strings, JSON grammar, logprobs), token budget and KV cache. With a prefix cache
+(inference/model/prefix_cache.py) a stream starts from the longest prefix of its prompt
+that any earlier stream computed and only runs the rest. With `speculate`, a decoding
 stream's step also checks the tokens its prompt suggests will follow and keeps those the
 model itself picks: the same answer in fewer steps. It knows nothing of HTTP, queues,
 deadlines or chat messages: the worker thread decides who is open and calls `step()`;
@@ -24,6 +24,7 @@ import torch
 from inference.host import heap
 from inference.model.decoder import Decoder
 from inference.model.kvcache import SequenceCache
+from inference.model.prefix_cache import PrefixCache
 from inference.runtime import sampler
 from inference.runtime.accept import TextAssembler, TokenPieces, accept
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
@@ -52,10 +53,11 @@ class Stream:
         self.steps = 0  # forwards that gave it at least one token
         self.constraint = sampling.grammar.constraint() if sampling.grammar else None
         self.penalties = sampler.Penalties.of(prompt_ids, sampling)
-        self.reused = cache.length if cache else 0  # prompt tokens taken from a kept cache
+        self.reused = cache.length if cache else 0  # prompt tokens from the prefix cache
         self.prefilled = self.reused  # prompt tokens in the cache so far
         self.token = -1  # the last token picked, the next decode step's input
         self.completion_tokens = 0
+        self.answer_ids: list[int] = []  # the tokens picked, in order
         self.finish: str | None = None if self.budget > 0 else "length"
         self.error: Exception | None = None  # what ended it inside a step; only it
         self.opened = time.monotonic()
@@ -112,7 +114,7 @@ class Engine:
         name: str,
         context_tokens: int,
         eos_ids: set[int],
-        prefix_cache: bool = False,
+        prefix_cache_bytes: int = 0,
         speculate: bool = False,
         native=None,
     ):
@@ -122,7 +124,6 @@ class Engine:
         self.name = name
         self.context_tokens = context_tokens
         self.eos_ids = eos_ids
-        self.prefix_cache = prefix_cache
         self.decoder = Decoder(model, context_tokens, native)  # native: the plan's library
         self.pieces = TokenPieces(tokenizer)  # token text and bytes, for logprobs
         # True when every Linear is per-row int8: a row's result is the same in any batch
@@ -131,9 +132,13 @@ class Engine:
         self.batch_invariant = self.decoder.rows_independent()
         self.speculate = speculate and self.batch_invariant
         self.drafted_tokens = self.accepted_tokens = 0  # all streams' drafts, since start
+        # Prompt prefixes' keys and values, shared by every stream (none when the budget is 0).
+        # Elsewhere than on per-row weights a prefix's bits depend on how it was chunked:
+        # only prompts (prefilled in fixed PREFILL_BLOCK chunks) are kept there, not answers.
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         if self.batch_invariant:
             self.block, self.alone_rows = ALIGN, PREFILL_CHUNK
-        elif prefix_cache:
+        elif self.prefixes is not None:
             self.block = self.alone_rows = PREFILL_BLOCK
         else:
             self.block = self.alone_rows = PREFILL_CHUNK
@@ -142,8 +147,7 @@ class Engine:
         # Equal digests, equal answers on any PC: where the native step serves (the torch
         # step's integer rows follow the CPU's kernels), else None
         self.weights_digest = self.decoder.digest() if self.decoder.native else None
-        self.reused_tokens = 0  # prompt tokens the last open() took from the kept cache
-        self._kept: tuple[list[int], SequenceCache] | None = None  # last prompt, its cache
+        self.reused_tokens = 0  # prompt tokens the last open() took from the prefix cache
 
     # -- one job's life ---------------------------------------------------------------------
 
@@ -161,22 +165,27 @@ class Engine:
                 f"{len(prompt_ids)} prompt tokens + a budget of {budget} pass the context "
                 f"({self.context_tokens}); decide the budget with budget.answer_budget"
             )
-        cache = self._start_cache(prompt_ids, len(prompt_ids) + budget)
+        cache = None
+        if budget > 0:
+            cache = self.decoder.new_cache(len(prompt_ids) + budget)
+            if self.prefixes is not None:
+                self.prefixes.restore(prompt_ids, cache)
         text = TextAssembler(self.tokenizer, sampling.stop)
         stream = Stream(prompt_ids, sampling, text, cache, self.speculate)
         self.reused_tokens = stream.reused
-        if stream.cache is None and budget > 0:
-            stream.cache = self.decoder.new_cache(len(prompt_ids) + budget)
         return stream
 
     def close(self, stream: Stream, interrupted: bool = False) -> Generation:
-        """Ends the stream and releases its cache (or keeps it for the next prompt). Its
+        """Ends the stream and releases its cache, its prefix kept in the prefix cache. Its
         held-back text, if it finished, is left for one more take_text()."""
         finish = "interrupted" if interrupted or stream.finish is None else stream.finish
         if finish != "interrupted":
             stream.add_text(stream.text.flush())
-            if self.prefix_cache and stream.completion_tokens > 0:
-                self._kept = (stream.prompt_ids, stream.cache)
+        if self.prefixes is not None and stream.cache is not None and stream.error is None:
+            computed = stream.prompt_ids[: stream.prefilled]
+            if self.batch_invariant and not stream.prefilling:  # the answer's rows too
+                computed = stream.prompt_ids + stream.answer_ids
+            self.prefixes.keep(computed, stream.cache)
         stream.cache = None
         heap.trim()  # the job's freed activations leave RSS now, not never
         return Generation(
@@ -187,25 +196,6 @@ class Engine:
             accepted=stream.accepted,
             steps=stream.steps,
         )
-
-    def _start_cache(self, prompt_ids: list[int], bound: int) -> SequenceCache | None:
-        """The kept cache cut to the whole blocks this prompt shares with the last one, or
-        None. The last prompt id always runs, to give the first token's logits."""
-        kept, self._kept = self._kept, None
-        if not self.prefix_cache or kept is None:
-            return None
-        ids, cache = kept
-        same = 0
-        for a, b in zip(ids, prompt_ids, strict=False):
-            if a != b:
-                break
-            same += 1
-        reuse = min(same, len(prompt_ids) - 1) // self.block * self.block
-        if reuse <= 0:
-            return None
-        cache.crop(reuse)
-        cache.capacity = max(bound, reuse)
-        return cache
 
     # -- the step ---------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
-"""Prompt-prefix KV reuse: the next turn of a conversation runs only its new suffix, and its
-greedy answer is exactly what a fresh run of the whole prompt gives."""
+"""The shared prefix cache through the real engine: a follow-up turn, a second conversation
+beside the first and a repeated system prompt run only what no earlier stream computed, and
+every answer is exactly what a fresh run of the whole prompt gives, alone, in a full batch
+and with speculation, on the per-row weights (native step) and on torch's int8 and float."""
 
 from __future__ import annotations
 
@@ -7,70 +9,111 @@ import dataclasses
 
 import pytest
 
-from inference.runtime.engine import PREFILL_BLOCK
+from inference.model.prefix_cache import BLOCK
 from inference.runtime.jobs import Sampling
 from service.config import load_config
+from tests.support.engines import batched
 
-pytestmark = pytest.mark.slow  # two model loads and three-turn conversations on each
+pytestmark = pytest.mark.slow  # three model loads and multi-turn conversations on each
 
 TURNS = [
     "What is the capital of France?",
     "And which river flows through it?",
     "Name one famous museum there.",
 ]
+SYSTEM = "You are the help desk of a small office. " * 12
+GREEDY = Sampling(max_tokens=24)
 
 
-@pytest.fixture(scope="module", params=["int8", "none"])
+@pytest.fixture(scope="module", params=["int8-row", "int8", "none"])
 def engine_and_prompts(request, embedded_dir):
-    """An engine with prefix_cache on; `engine.fresh()` answers as if nothing were kept."""
     from inference.loading.assemble import ModelChoice, load_model
 
-    path = embedded_dir
-    config = dataclasses.replace(
-        load_config([], {}), quantize=request.param, prefix_cache=True, threads=2
-    )
-    return load_model(ModelChoice(path, "embedded"), config, lambda _m: None)
+    config = dataclasses.replace(load_config([], {}), quantize=request.param, threads=2)
+    assert config.prefix_cache  # the shipped default
+    engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
+    assert engine.prefixes is not None
+    assert engine.batch_invariant == (request.param == "int8-row")
+    return engine, prompts
 
 
-def answer(engine, ids) -> str:
+def answer(engine, ids, sampling=GREEDY) -> str:
     parts: list[str] = []
-    engine.run(ids, Sampling(max_tokens=24), parts.append, lambda: False)
+    engine.run(ids, sampling, parts.append, lambda: False)
     return "".join(parts)
+
+
+def fresh(engine, ids, sampling=GREEDY) -> str:
+    """The answer with nothing cached: the whole prompt runs."""
+    engine.prefixes.clear()
+    got = answer(engine, ids, sampling)
+    assert engine.reused_tokens == 0
+    return got
 
 
 def test_follow_up_turns_reuse_the_cache_and_answer_the_same(engine_and_prompts):
     engine, prompts = engine_and_prompts
-    messages: list[dict] = []
+    engine.prefixes.clear()
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
     for turn, question in enumerate(TURNS):
         messages.append({"role": "user", "content": question})
         ids = prompts.encode(messages)
         reused = answer(engine, ids)
         reused_tokens = engine.reused_tokens
-        engine._kept = None  # forget: the whole prompt runs again
-        fresh = answer(engine, ids)
-        assert reused == fresh
         if turn > 0:
-            # the previous prompt, down to a whole prefill block, came from the cache
+            # at least the previous prompt, in whole blocks; on per-row weights the
+            # previous answer's rows too, as far as the tokens agree
             previous = len(prompts.encode(messages[:-2]))
-            assert reused_tokens == previous // PREFILL_BLOCK * PREFILL_BLOCK > 0
+            assert reused_tokens >= previous // BLOCK * BLOCK > 0
+            if not engine.batch_invariant:
+                assert reused_tokens == previous // BLOCK * BLOCK
+        assert reused == fresh(engine, ids)
         messages.append({"role": "assistant", "content": reused})
 
 
-def test_an_unrelated_prompt_starts_from_the_shared_prefix_only(engine_and_prompts):
+def test_two_conversations_and_a_shared_system_prompt(engine_and_prompts):
     engine, prompts = engine_and_prompts
-    first = prompts.encode([{"role": "user", "content": "Tell me a joke."}])
-    answer(engine, first)
-    other = prompts.encode([{"role": "user", "content": "What is 2 plus 2?"}])
-    shared = next(i for i, (a, b) in enumerate(zip(first, other, strict=False)) if a != b)
-    got = answer(engine, other)
-    assert engine.reused_tokens == shared // PREFILL_BLOCK * PREFILL_BLOCK
-    engine._kept = None
-    assert got == answer(engine, other)
+    engine.prefixes.clear()
+    system = {"role": "system", "content": SYSTEM}
+    first = [system, {"role": "user", "content": TURNS[0]}]
+    second = [system, {"role": "user", "content": "How do I book a meeting room?"}]
+    first_answer = answer(engine, prompts.encode(first))
+    second_ids = prompts.encode(second)
+    pairs = zip(prompts.encode(first), second_ids, strict=False)
+    shared = next(i for i, (a, b) in enumerate(pairs) if a != b)
+    second_answer = answer(engine, second_ids)  # the system prompt came from the first
+    assert engine.reused_tokens == shared // BLOCK * BLOCK > 0
+    # the first conversation goes on after the second: its own history is still there
+    follow = [*first, {"role": "assistant", "content": first_answer}]
+    follow.append({"role": "user", "content": TURNS[1]})
+    follow_ids = prompts.encode(follow)
+    got = answer(engine, follow_ids)
+    assert engine.reused_tokens >= len(prompts.encode(first)) // BLOCK * BLOCK
+    assert got == fresh(engine, follow_ids)
+    assert second_answer == fresh(engine, second_ids)
 
 
 def test_the_same_prompt_twice_reruns_only_its_last_block(engine_and_prompts):
     engine, prompts = engine_and_prompts
-    ids = prompts.encode([{"role": "user", "content": "Say hello."}])
-    first = answer(engine, ids)
+    system = {"role": "system", "content": SYSTEM}
+    ids = prompts.encode([system, {"role": "user", "content": "Hi."}])
+    first = fresh(engine, ids)
     assert answer(engine, ids) == first
-    assert engine.reused_tokens == (len(ids) - 1) // PREFILL_BLOCK * PREFILL_BLOCK
+    assert engine.reused_tokens == (len(ids) - 1) // BLOCK * BLOCK
+
+
+def test_cached_prefixes_in_a_full_batch_with_speculation(engine_and_prompts):
+    engine, prompts = engine_and_prompts
+    if not engine.batch_invariant:
+        pytest.skip("torch's int8 and float steps run one job at a time, without drafts")
+    assert engine.speculate  # the shipped default
+    system = {"role": "system", "content": SYSTEM}
+    jobs = [
+        (prompts.encode([system, {"role": "user", "content": q}]), GREEDY)
+        for q in [*TURNS, "Repeat after me: the printer on floor two is out of toner."]
+    ]
+    expected = [fresh(engine, ids) for ids, _ in jobs]
+    engine.prefixes.clear()
+    answer(engine, jobs[0][0])  # the system prompt is cached now
+    assert batched(engine, jobs) == expected  # every job starts from the cached prefix
+    assert batched(engine, jobs, joins={1: 2, 3: 4}) == expected
