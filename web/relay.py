@@ -3,8 +3,8 @@
 `submit()` turns the request into a Job and hands it to the worker; `events()` relays the
 job's reply queue while watching the client (gone: cancel the job) and the deadline (passed:
 504); with tools, `read_calls()` takes the calls out of the answer's text; `collect()` and
-`sse()` deliver it as one answer or as a stream. A dialect supplies only the shapes: a
-StreamShape for events, a dict for the whole answer.
+`sse()` (or `stream()`, any media type) deliver it as one answer or as a stream. A dialect
+supplies only the shapes: a StreamShape for events, a dict for the whole answer.
 """
 
 from __future__ import annotations
@@ -244,7 +244,8 @@ def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> Answer:
 
 
 class StreamShape(Protocol):
-    """How one dialect writes a stream; each method returns whole SSE frames."""
+    """How one dialect writes a stream; each method returns whole pieces of it (SSE frames,
+    or JSON lines)."""
 
     def begin(self, first: Event | CallPiece) -> list[str]: ...
 
@@ -266,8 +267,20 @@ def sse_frame(data: dict | str, event: str | None = None) -> str:
 def sse(
     job: Job, relayed: Iterator[Event | CallPiece], shape: StreamShape, log: RequestLog
 ) -> Response:
-    """A text/event-stream response. An error before the first event is a plain HTTP error
-    with its status (raised here); after that it is the dialect's error event, then the end."""
+    """A text/event-stream response (the shape writes SSE frames)."""
+    return stream(job, relayed, shape, log, "text/event-stream")
+
+
+def stream(
+    job: Job,
+    relayed: Iterator[Event | CallPiece],
+    shape: StreamShape,
+    log: RequestLog,
+    mimetype: str,
+) -> Response:
+    """A streamed response of the shape's pieces (SSE frames, or Ollama's JSON lines). An
+    error before the first event is a plain HTTP error with its status (raised here); after
+    that it is the dialect's error piece, then the end."""
     first = next(relayed, None)
     if isinstance(first, Failed):
         raise first.error
@@ -295,7 +308,7 @@ def sse(
 
     return Response(
         body(),
-        mimetype="text/event-stream",
+        mimetype=mimetype,
         # No Content-Length: waitress sends it chunked and closes the connection at the end,
         # so clients that read until the server closes also see the end.
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

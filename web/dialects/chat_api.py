@@ -130,20 +130,11 @@ def _tool_use(body: dict) -> ToolUse | None:
     return tools.tool_use(functions, choice, body.get("parallel_tool_calls"), "tool_choice")
 
 
-def _format(value) -> validation.JsonSchema | None:
-    """`format`: "json" for any JSON object, or a JSON schema the answer must follow."""
-    if value is None:
-        return None
-    if value == "json":
-        return validation.JsonSchema(validation.ANY_OBJECT, "format")
-    return validation.json_schema(value, "format")
-
-
 def parse_chat_request(body) -> ChatRequest:
     """The whole /chat body, checked; raises InvalidRequest naming the first problem."""
     body = validation.known_fields(body, FIELDS)
     system = body.get("system")
-    tool_use, schema = _tool_use(body), _format(body.get("format"))
+    tool_use, schema = _tool_use(body), validation.json_format(body.get("format"))
     if schema is not None and tool_use is not None:
         raise InvalidRequest(
             "'format' cannot be combined with 'tools' (unless 'tool_choice' is \"none\")",

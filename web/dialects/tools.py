@@ -51,6 +51,26 @@ def function(raw: dict, where: str) -> Function:
     return Function(function_name, description, parameters, f"{where}.parameters")
 
 
+def typed_function(entry, i: int) -> Function:
+    """One of `tools` as OpenAI and Ollama write it: {"type": "function", "function":
+    {"name", "description", "parameters", "strict"}} (`strict` may be anything: the schema
+    is always enforced)."""
+    where = f"tools[{i}]"
+    inner = entry.get("function") if isinstance(entry, dict) else None
+    if (
+        not isinstance(inner, dict)
+        or set(entry) != {"type", "function"}
+        or entry["type"] != "function"
+    ):
+        raise InvalidRequest(
+            f'{where} must be {{"type": "function", "function": {{"name", ...}}}}', param=where
+        )
+    unknown = sorted(set(inner) - {"name", "description", "parameters", "strict"})
+    if unknown:
+        raise InvalidRequest(f"{where}.function has an unknown key {unknown[0]!r}", param=where)
+    return function(inner, f"{where}.function")
+
+
 def function_list(raw, read_one) -> tuple[Function, ...]:
     """`tools`: a list of at most MAX_TOOLS entries, each read by `read_one(entry, i)`, with
     no name twice."""
