@@ -132,6 +132,21 @@ def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
         )
 
 
+def start(
+    chat_request: ChatRequest,
+    config: Config,
+    runtime: Runtime,
+    request_id: str,
+    disconnected: Callable[[], bool],
+) -> tuple[Job, Iterator[Event | CallPiece]]:
+    """Submit the request and relay its job's events, read for calls when it has tools."""
+    job = submit(chat_request, config, runtime, request_id)
+    relayed = events(job, disconnected)
+    if chat_request.tools is not None:
+        relayed = read_calls(relayed, chat_request.tools.forced)
+    return job, relayed
+
+
 def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
     """The job's events up to and including its terminal one; cancels it if the client left.
 
@@ -207,6 +222,23 @@ class Call:
     name: str
     arguments: str = ""
     complete: bool = False
+
+
+class WholeCalls:
+    """For a stream that sends each call once it is whole: the pieces in, the call out."""
+
+    def __init__(self):
+        self._call: Call | None = None  # the call being read
+
+    def feed(self, piece: CallPiece) -> Call | None:
+        """The call `piece` ends, else None."""
+        if isinstance(piece, CallStart):
+            self._call = Call(piece.id, piece.name)
+        elif isinstance(piece, CallArguments):
+            self._call.arguments += piece.text
+        else:
+            return self._call
+        return None
 
 
 @dataclass

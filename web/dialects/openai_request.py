@@ -120,35 +120,11 @@ def _message(m, where: str) -> dict:
 
 
 def _calls(raw, where: str) -> list[dict]:
-    """An assistant's `tool_calls`: {"id", "type": "function", "function": {"name",
-    "arguments": a string holding a JSON object}} each."""
-    if not isinstance(raw, list) or len(raw) > tools.MAX_TOOLS:
-        raise InvalidRequest(
-            f"{where}.tool_calls must be a list of at most {tools.MAX_TOOLS} calls",
-            param="messages",
-        )
-    out = []
-    for j, call in enumerate(raw):
-        at = f"{where}.tool_calls[{j}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if (
-            not isinstance(function, dict)
-            or set(call) - {"id", "type", "function"} - CALL_ECHOES
-            or call.get("type", "function") != "function"
-            or set(function) - {"name", "arguments"} - FUNCTION_ECHOES
-        ):
-            raise InvalidRequest(
-                f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
-                param="messages",
-            )
-        out.append(
-            {
-                "id": tools.call_id(call.get("id"), f"{at}.id"),
-                "name": tools.name(function.get("name"), f"{at}.function.name", "messages"),
-                "arguments": tools.arguments(function.get("arguments"), f"{at}.function.arguments"),
-            }
-        )
-    return out
+    """An assistant's `tool_calls`, each with its id and `arguments` a string holding a JSON
+    object (or the object)."""
+    return tools.typed_calls(
+        raw, where, lambda given, at, _: tools.call_id(given, at), CALL_ECHOES, FUNCTION_ECHOES
+    )
 
 
 def _tool_choice(value) -> str | None:

@@ -206,8 +206,9 @@ def flag(body: dict, key: str) -> bool:
     return value
 
 
-def stop(body: dict) -> tuple[str, ...]:
-    """`stop`: a string or a list of at most MAX_STOP_STRINGS short strings."""
+def stop(body: dict, name: str = "stop") -> tuple[str, ...]:
+    """`stop`: a string or a list of at most MAX_STOP_STRINGS short strings. `name`: what
+    the dialect calls the field."""
     value = body.get("stop")
     if value is None:
         return ()
@@ -215,15 +216,15 @@ def stop(body: dict) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
         raise InvalidRequest(
-            f"'stop' must be a list of at most {MAX_STOP_STRINGS} strings", param="stop"
+            f"'{name}' must be a list of at most {MAX_STOP_STRINGS} strings", param=name
         )
     for s in value:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
             raise InvalidRequest(
-                f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} characters",
-                param="stop",
+                f"each '{name}' entry must be a string of 1..{MAX_STOP_CHARS} characters",
+                param=name,
             )
-        _valid_unicode(s, "'stop'", "stop")
+        _valid_unicode(s, f"'{name}'", name)
     return tuple(value)
 
 
