@@ -58,7 +58,10 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     runtime.worker.check_room()
     grammar = _grammar(chat_request, runtime)
     functions = chat_request.tools.functions if chat_request.tools else None
-    prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
+    if chat_request.raw is not None:
+        prompt_ids = runtime.prompts.encode_raw(chat_request.raw)
+    else:
+        prompt_ids = runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
     runtime.prompts.check_fits(len(prompt_ids))
     admit(len(prompt_ids), config, runtime.worker)
     sampling = Sampling(

@@ -45,13 +45,12 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "tools"}
 GENERATE_FIELDS = COMMON_FIELDS | {"prompt", "system", "raw", "images", "suffix", "template"}
 GENERATE_FIELDS |= {"context"}
 # Fields we take no action on, and the values under which that is what Ollama does with a
-# text model and the chat template: no thinking, no fill-in-the-middle, no template of the
-# request's own, no raw prompt, no context carried over from an earlier /api/generate.
+# text model: no thinking, no fill-in-the-middle, no template of the request's own, no
+# context carried over from an earlier /api/generate.
 NO_OPS: dict[str, tuple] = {
     "think": (None, False),
     "suffix": (None, ""),
     "template": (None, ""),
-    "raw": (None, False),
     "context": (None, []),
 }
 ROLES = ("system", "user", "assistant", "tool")
@@ -235,13 +234,22 @@ def parse_chat_request(body) -> ChatRequest | None:
 
 def parse_generate_request(body) -> ChatRequest | None:
     """The checked /api/generate request: `prompt` as the user's turn of a chat, `system`
-    in place of the system turn; None when the prompt is empty (a load, as in Ollama)."""
+    in place of the system turn, or with `raw` the prompt as the model reads it; None when
+    the prompt is empty (a load, as in Ollama)."""
     common = _common(body, GENERATE_FIELDS)
     prompt, system = body.get("prompt"), body.get("system")
+    raw = validation.flag(body, "raw")
+    if raw and system not in (None, ""):
+        raise InvalidRequest(
+            "'system' has no effect with 'raw': write the system turn into the prompt",
+            param="system",
+        )
     if prompt in (None, ""):
         return None
+    user = {"role": "user", "content": validation.text(prompt, "'prompt'", "prompt")}
     return ChatRequest(
-        messages=[{"role": "user", "content": validation.text(prompt, "'prompt'", "prompt")}],
+        messages=[user],
         system=None if system in (None, "") else validation.text(system, "'system'", "system"),
+        raw=user["content"] if raw else None,
         **common,
     )

@@ -77,6 +77,9 @@ class ChatRequest:
     seed: int | None = None
     json: JsonSchema | None = None  # None: free text
     tools: ToolUse | None = None  # None: no tools shown, no calls read
+    # A prompt as the model reads it, template and all (Ollama's `raw`): then `messages` is
+    # only its record and `system` is None.
+    raw: str | None = None
 
 
 def is_int(value) -> bool:

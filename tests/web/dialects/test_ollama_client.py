@@ -84,6 +84,20 @@ def test_generate_is_the_prompt_as_the_users_turn(server):
     )
 
 
+def test_a_raw_prompt_is_read_as_the_model_reads_it(server, embedded_dir):
+    from transformers import AutoTokenizer
+
+    template = AutoTokenizer.from_pretrained(embedded_dir).apply_chat_template
+    prompt = template(ASK, add_generation_prompt=True, tokenize=False)
+    api = client(server)
+    chat = api.chat(model=MODEL, messages=ASK, options=GREEDY)
+    raw = api.generate(model=MODEL, prompt=prompt, raw=True, options=GREEDY)
+    assert raw.response == chat.message.content
+    assert raw.prompt_eval_count == chat.prompt_eval_count  # control tokens, not their names
+    quoted = api.generate(model=MODEL, prompt=prompt, options=GREEDY)
+    assert quoted.prompt_eval_count > chat.prompt_eval_count  # without raw: text in a turn
+
+
 def test_structured_output_follows_the_schema(server):
     ask = [{"role": "user", "content": "Describe Alice, who is 30 years old, as JSON."}]
     reply = client(server).chat(

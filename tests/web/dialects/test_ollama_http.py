@@ -92,7 +92,8 @@ def test_a_bad_option_is_a_400_naming_it(fake_server, options, named):
         ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, ["images"]),
         ({"images": ["aGk="]}, ["images", "text only"]),
         ({"think": True}, ["think"]),
-        ({"raw": True}, ["raw"]),
+        ({"raw": True, "system": "Be brief."}, ["system", "raw"]),
+        ({"suffix": "}"}, ["suffix"]),
         ({"format": "yaml"}, ["format"]),
         ({"keep_alive": [5]}, ["keep_alive"]),
         ({"tools": [WEATHER], "format": "json"}, ["format", "tools"]),
@@ -102,7 +103,7 @@ def test_a_bad_option_is_a_400_naming_it(fake_server, options, named):
 )
 def test_what_is_not_supported_is_refused_clearly(fake_server, fields, words):
     server = fake_server(FakeEngine(token_s=0.0))
-    path = "/api/generate" if "images" in fields or "raw" in fields else "/api/chat"
+    path = "/api/generate" if {"images", "raw", "suffix"} & set(fields) else "/api/chat"
     body = {"model": "m", "stream": False, **({"prompt": "hi"} if "generate" in path else {})}
     if "generate" not in path:
         body["messages"] = ASK
