@@ -188,7 +188,7 @@ def test_every_error_on_api_is_ollama_shaped(fake_server):
     framing = b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhi\r\n0\r\n\r\n"  # waitress answers
     with socket.create_connection(("127.0.0.1", server.config.port), timeout=5) as raw:
         raw.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n" + framing)
-        answer = raw.recv(65536).decode()
+        answer = b"".join(iter(lambda: raw.recv(65536), b"")).decode()  # until it closes
     head, _, body = answer.partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 400") and set(json.loads(body)) == {"error"}
     assert_error(post(server, "/api/pull", {"model": "x"}), 501, "--model")
@@ -228,8 +228,19 @@ def test_a_client_that_leaves_cancels_its_job(fake_server):
     parts = client.chat(model="m", messages=ASK, options={"num_predict": 100_000}, stream=True)
     next(parts)
     parts.close()  # the client hangs up
-    assert wait_until(lambda: engine.tokens_made, 5)
-    assert engine.tokens_made[0] < 1000 and not server.worker.busy
+    assert wait_until(lambda: engine.tokens_made, 1)  # uncancelled: 1,024 tokens, 20 s
+    assert engine.tokens_made[0] < 40 and not server.worker.busy
+
+
+def test_an_error_after_the_stream_began_is_its_last_line(fake_server):
+    server = fake_server(FakeEngine(token_s=0.02), "--request-timeout", "0.5")
+    reply = post(server, "/api/chat", {"model": "m", "messages": ASK})
+    parts = lines(reply)
+    assert reply.status == 200 and parts[0]["message"]["content"]
+    assert set(parts[-1]) == {"error"} and "deadline" in parts[-1]["error"]
+    client = ollama.Client(host=server.url)
+    with pytest.raises(ollama.ResponseError, match="deadline"):
+        list(client.chat(model="m", messages=ASK, stream=True))
 
 
 def test_tags_show_ps_and_version(fake_server):
