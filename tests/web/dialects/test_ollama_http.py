@@ -204,6 +204,16 @@ def test_keys_guard_the_api_routes(fake_server):
         assert reply.headers["www-authenticate"].startswith("Bearer")
     good = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {KEY}"})
     assert good.chat(model="m", messages=ASK, options={"num_predict": 2}).done
+    guessing = ollama.Client(host=server.url, headers={"Authorization": "Bearer " + "g" * 20})
+    statuses = []
+    for _ in range(11):
+        with pytest.raises(ollama.ResponseError) as refused:
+            guessing.list()
+        statuses.append(refused.value.status_code)
+    assert statuses == [401] * 10 + [429]
+    reply = request(server.url, "GET", "/api/tags", headers={"Authorization": "Bearer x" * 3})
+    assert_error(reply, 429, "too many")
+    assert int(reply.headers["retry-after"]) >= 1
 
 
 def test_a_full_queue_is_a_503_the_client_reports(fake_server):
@@ -214,7 +224,8 @@ def test_a_full_queue_is_a_503_the_client_reports(fake_server):
             ollama.Client(host=server.url).chat(model="m", messages=ASK)
         assert refused.value.status_code == 503 and "queue" in refused.value.error
         reply = chat(server)
-        assert_error(reply, 503) and float(reply.headers["retry-after"]) >= 1
+        assert_error(reply, 503, "queue")
+        assert float(reply.headers["retry-after"]) >= 1
     finally:
         server.worker.stop()
         for s in streams:
