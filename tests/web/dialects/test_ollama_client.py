@@ -68,6 +68,20 @@ def test_chat_whole_and_streamed_agree_with_the_openai_route(server):
     assert v1["usage"]["prompt_tokens"] == whole.prompt_eval_count
 
 
+def test_sampling_options_mean_what_the_openai_fields_mean(server):
+    options = {"temperature": 1.0, "seed": 7, "top_k": 20, "repeat_penalty": 1.3}
+    ollama_text = (
+        client(server)
+        .chat(model=MODEL, messages=ASK, options={**options, "num_predict": 16})
+        .message.content
+    )
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 16, "temperature": 1.0, "seed": 7}
+    body |= {"top_k": 20, "repetition_penalty": 1.3}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    v1 = request(server.url, "POST", "/v1/chat/completions", body, headers=headers).json()
+    assert v1["choices"][0]["message"]["content"] == ollama_text
+
+
 def test_generate_is_the_prompt_as_the_users_turn(server):
     api = client(server)
     chat = api.chat(model=MODEL, messages=ASK, options=GREEDY).message.content
