@@ -27,7 +27,7 @@ from service.errors import (
 from web import metrics, page
 from web.access.auth import Gate
 from web.access.proxy import client_address, parse_networks, request_id_from
-from web.dialects import chat_api, openai_api, tokenize
+from web.dialects import chat_api, ollama_api, openai_api, tokenize
 from web.errors import MethodNotAllowed, NotFound, Refused, headers_of, status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
@@ -36,7 +36,7 @@ log = logging.getLogger("deskchat.http")
 
 MAX_PATH_IN_ERROR = 100  # characters of an unknown path echoed back in a 404
 # Each dialect's error shape, by path prefix; anything else gets /chat's.
-ERROR_SHAPES = (("/v1/", openai_api.error_body),)
+ERROR_SHAPES = (("/v1/", openai_api.error_body), ("/api/", ollama_api.error_body))
 
 __all__ = ["Runtime", "create_app"]
 
@@ -156,6 +156,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
     app.register_blueprint(chat_api.blueprint(config, runtime))
     app.register_blueprint(openai_api.blueprint(config, runtime))
     app.register_blueprint(tokenize.blueprint(config, runtime))
+    app.register_blueprint(ollama_api.blueprint(config, runtime))
     app.register_blueprint(metrics.blueprint(counted))
     app.register_blueprint(page.blueprint())
     return app

@@ -28,6 +28,12 @@ class MethodNotAllowed(ServiceError):
         self.allowed = allowed
 
 
+class NotOffered(ServiceError):
+    """A route of a dialect that deskchat does not offer (Ollama's model pulls and copies)."""
+
+    type = "not_implemented"
+
+
 class TooManyFailures(Retryable):
     """One address sent too many wrong keys within a minute."""
 

@@ -3,8 +3,8 @@
 `submit()` turns the request into a Job and hands it to the worker; `events()` relays the
 job's reply queue while watching the client (gone: cancel the job) and the deadline (passed:
 504); with tools, `read_calls()` takes the calls out of the answer's text; `collect()` and
-`sse()` deliver it as one answer or as a stream. A dialect supplies only the shapes: a
-StreamShape for events, a dict for the whole answer.
+`sse()` (or `stream()`, any media type) deliver it as one answer or as a stream. A dialect
+supplies only the shapes: a StreamShape for events, a dict for the whole answer.
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
 
 def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:
     """The prompt's token ids: the chat template over the messages, the system text and the
-    tools' definitions. What a request is answered from and what /tokenize counts."""
+    tools' definitions, or a raw prompt (Ollama's `raw`) as the client wrote it. What a
+    request is answered from and what /tokenize counts."""
+    if chat_request.raw is not None:
+        return runtime.prompts.encode_raw(chat_request.raw)
     functions = chat_request.tools.functions if chat_request.tools else None
     return runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
 
@@ -136,6 +139,21 @@ def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
             f"{prefill_s:.1f} s, more than the {deadline_s:g} s request deadline; retry later",
             retry_after_s=wait_s + prefill_s - deadline_s,
         )
+
+
+def start(
+    chat_request: ChatRequest,
+    config: Config,
+    runtime: Runtime,
+    request_id: str,
+    disconnected: Callable[[], bool],
+) -> tuple[Job, Iterator[Event | CallPiece]]:
+    """Submit the request and relay its job's events, read for calls when it has tools."""
+    job = submit(chat_request, config, runtime, request_id)
+    relayed = events(job, disconnected)
+    if chat_request.tools is not None:
+        relayed = read_calls(relayed, chat_request.tools.forced)
+    return job, relayed
 
 
 def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
@@ -215,6 +233,23 @@ class Call:
     complete: bool = False
 
 
+class WholeCalls:
+    """For a stream that sends each call once it is whole: the pieces in, the call out."""
+
+    def __init__(self):
+        self._call: Call | None = None  # the call being read
+
+    def feed(self, piece: CallPiece) -> Call | None:
+        """The call `piece` ends, else None."""
+        if isinstance(piece, CallStart):
+            self._call = Call(piece.id, piece.name)
+        elif isinstance(piece, CallArguments):
+            self._call.arguments += piece.text
+        else:
+            return self._call
+        return None
+
+
 @dataclass
 class Answer:
     """A whole answer: its text outside calls, its calls, its Done and its logprob entries
@@ -250,7 +285,8 @@ def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> Answer:
 
 
 class StreamShape(Protocol):
-    """How one dialect writes a stream; each method returns whole SSE frames."""
+    """How one dialect writes a stream; each method returns whole pieces of it (SSE frames,
+    or JSON lines)."""
 
     def begin(self, first: Event | CallPiece) -> list[str]: ...
 
@@ -272,8 +308,20 @@ def sse_frame(data: dict | str, event: str | None = None) -> str:
 def sse(
     job: Job, relayed: Iterator[Event | CallPiece], shape: StreamShape, log: RequestLog
 ) -> Response:
-    """A text/event-stream response. An error before the first event is a plain HTTP error
-    with its status (raised here); after that it is the dialect's error event, then the end."""
+    """A text/event-stream response (the shape writes SSE frames)."""
+    return stream(job, relayed, shape, log, "text/event-stream")
+
+
+def stream(
+    job: Job,
+    relayed: Iterator[Event | CallPiece],
+    shape: StreamShape,
+    log: RequestLog,
+    mimetype: str,
+) -> Response:
+    """A streamed response of the shape's pieces (SSE frames, or Ollama's JSON lines). An
+    error before the first event is a plain HTTP error with its status (raised here); after
+    that it is the dialect's error piece, then the end."""
     first = next(relayed, None)
     if isinstance(first, Failed):
         raise first.error
@@ -301,7 +349,7 @@ def sse(
 
     return Response(
         body(),
-        mimetype="text/event-stream",
+        mimetype=mimetype,
         # No Content-Length: waitress sends it chunked and closes the connection at the end,
         # so clients that read until the server closes also see the end.
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -185,6 +185,13 @@ class PromptBuilder:
         with self._lock:
             return self._plain(text)
 
+    def encode_raw(self, text: str) -> list[int]:
+        """Token ids of a prompt written whole by the client, template included (Ollama's
+        `raw`): the control tokens' names in it are those tokens. It is the client's own
+        prompt, with no other party's turn in it to forge."""
+        with self._lock:
+            return self._ids(text, {})
+
     def with_tokenizer(self, use):
         """`use(tokenizer)`, under the lock that keeps handler threads off each other."""
         with self._lock:

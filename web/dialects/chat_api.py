@@ -18,7 +18,7 @@ import json
 from flask import Blueprint, g, jsonify, request
 
 from inference.runtime.jobs import Done
-from inference.runtime.tools import CallArguments, CallPiece, CallStart, Function, ToolUse
+from inference.runtime.tools import CallPiece, Function, ToolUse
 from service.config import Config
 from service.errors import InvalidRequest, ServiceError
 from web import relay
@@ -130,20 +130,11 @@ def _tool_use(body: dict) -> ToolUse | None:
     return tools.tool_use(functions, choice, body.get("parallel_tool_calls"), "tool_choice")
 
 
-def _format(value) -> validation.JsonSchema | None:
-    """`format`: "json" for any JSON object, or a JSON schema the answer must follow."""
-    if value is None:
-        return None
-    if value == "json":
-        return validation.JsonSchema(validation.ANY_OBJECT, "format")
-    return validation.json_schema(value, "format")
-
-
 def parse_chat_request(body) -> ChatRequest:
     """The whole /chat body, checked; raises InvalidRequest naming the first problem."""
     body = validation.known_fields(body, FIELDS)
     system = body.get("system")
-    tool_use, schema = _tool_use(body), _format(body.get("format"))
+    tool_use, schema = _tool_use(body), validation.json_format(body.get("format"))
     if schema is not None and tool_use is not None:
         raise InvalidRequest(
             "'format' cannot be combined with 'tools' (unless 'tool_choice' is \"none\")",
@@ -189,7 +180,7 @@ class ChatStream:
         self.request_id = request_id
         self.model = model
         self.logprobs = logprobs
-        self._call: Call | None = None  # the call being read
+        self._calls = relay.WholeCalls()
 
     def begin(self, first) -> list[str]:
         return []
@@ -201,14 +192,11 @@ class ChatStream:
         return [sse_frame(event)]
 
     def call(self, piece: CallPiece) -> list[str]:
-        if isinstance(piece, CallStart):
-            self._call = Call(piece.id, piece.name)
-        elif isinstance(piece, CallArguments):
-            self._call.arguments += piece.text
-        else:
-            whole = {"index": piece.index, **_tool_call(self._call)}
-            return [sse_frame({"id": self.request_id, "tool_call": whole})]
-        return []
+        call = self._calls.feed(piece)
+        if call is None:
+            return []
+        whole = {"index": piece.index, **_tool_call(call)}
+        return [sse_frame({"id": self.request_id, "tool_call": whole})]
 
     def done(self, done: Done) -> list[str]:
         body = {"id": self.request_id, "model": self.model, "done": True, **_done_fields(done)}
@@ -224,10 +212,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
     @bp.post("/chat", provide_automatic_options=False)
     def chat():
         chat_request = parse_chat_request(validation.parse_json(request.get_data(cache=False)))
-        job = relay.submit(chat_request, config, runtime, g.request_id)
-        relayed = relay.events(job, g.disconnected)
-        if chat_request.tools is not None:
-            relayed = relay.read_calls(relayed, chat_request.tools.forced)
+        job, relayed = relay.start(chat_request, config, runtime, g.request_id, g.disconnected)
         if chat_request.stream:
             shape = ChatStream(job.id, runtime.model_name, chat_request.logprobs)
             return relay.sse(job, relayed, shape, g.log)

@@ -136,10 +136,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         body = validation.parse_json(request.get_data(cache=False))
         chat_request, include_usage = parse_completion_request(body)
         created = int(time.time())
-        job = relay.submit(chat_request, config, runtime, g.request_id)
-        relayed = relay.events(job, g.disconnected)
-        if chat_request.tools is not None:
-            relayed = relay.read_calls(relayed, chat_request.tools.forced)
+        job, relayed = relay.start(chat_request, config, runtime, g.request_id, g.disconnected)
         model = runtime.model_name
         if chat_request.stream:
             shape = CompletionStream(job.id, model, created, include_usage, chat_request.logprobs)

@@ -11,12 +11,11 @@ read them.
 
 from __future__ import annotations
 
-from inference.runtime.tools import Function, ToolUse
+from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
 from web.dialects import tools, validation
 from web.dialects.validation import ChatRequest
 
-MAX_MODEL_CHARS = 256
 ROLES = {
     "system": "system",
     "developer": "system",
@@ -55,24 +54,6 @@ IMPLEMENTED = {
     *validation.SAMPLING_FIELDS,
 }
 CHOICE_SHAPES = 'none, auto, required or {"type": "function", "function": {"name": ...}}'
-
-
-def _same(a, b) -> bool:
-    """Equal as JSON values: 0 == 0.0 but False != 0."""
-    return a == b and isinstance(a, bool) == isinstance(b, bool)
-
-
-def _check_no_op(key: str, value, allowed: tuple | None) -> None:
-    if allowed is None:  # any string
-        if value is not None and not isinstance(value, str):
-            raise InvalidRequest(f"'{key}' must be a string", param=key)
-        return
-    if not any(_same(value, ok) for ok in allowed):
-        shown = ", ".join("null" if v is None else repr(v) for v in allowed)
-        raise InvalidRequest(
-            f"'{key}' is not supported by this server; leave it out or send one of: {shown}",
-            param=key,
-        )
 
 
 def _content(value, where: str) -> str:
@@ -126,7 +107,7 @@ def _message(m, where: str) -> dict:
     for key in set(m) - {"role", "content"} - own - CLIENT_ECHOES:
         if key not in MESSAGE_NO_OPS:
             raise InvalidRequest(f"{where} has an unknown key {key!r}", param="messages")
-        _check_no_op(f"{where}.{key}", m[key], MESSAGE_NO_OPS[key])
+        validation.check_no_op(f"{where}.{key}", m[key], MESSAGE_NO_OPS[key])
     content = m.get("content")
     if calls:
         text = "" if content in (None, "") else _content(content, f"{where}.content")
@@ -139,54 +120,11 @@ def _message(m, where: str) -> dict:
 
 
 def _calls(raw, where: str) -> list[dict]:
-    """An assistant's `tool_calls`: {"id", "type": "function", "function": {"name",
-    "arguments": a string holding a JSON object}} each."""
-    if not isinstance(raw, list) or len(raw) > tools.MAX_TOOLS:
-        raise InvalidRequest(
-            f"{where}.tool_calls must be a list of at most {tools.MAX_TOOLS} calls",
-            param="messages",
-        )
-    out = []
-    for j, call in enumerate(raw):
-        at = f"{where}.tool_calls[{j}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if (
-            not isinstance(function, dict)
-            or set(call) - {"id", "type", "function"} - CALL_ECHOES
-            or call.get("type", "function") != "function"
-            or set(function) - {"name", "arguments"} - FUNCTION_ECHOES
-        ):
-            raise InvalidRequest(
-                f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
-                param="messages",
-            )
-        out.append(
-            {
-                "id": tools.call_id(call.get("id"), f"{at}.id"),
-                "name": tools.name(function.get("name"), f"{at}.function.name", "messages"),
-                "arguments": tools.arguments(function.get("arguments"), f"{at}.function.arguments"),
-            }
-        )
-    return out
-
-
-def _tool(entry, i: int) -> Function:
-    """One of `tools`: {"type": "function", "function": {"name", "description",
-    "parameters", "strict"}} (`strict` may be anything: the schema is always enforced)."""
-    where = f"tools[{i}]"
-    function = entry.get("function") if isinstance(entry, dict) else None
-    if (
-        not isinstance(function, dict)
-        or set(entry) != {"type", "function"}
-        or entry["type"] != "function"
-    ):
-        raise InvalidRequest(
-            f'{where} must be {{"type": "function", "function": {{"name", ...}}}}', param=where
-        )
-    unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
-    if unknown:
-        raise InvalidRequest(f"{where}.function has an unknown key {unknown[0]!r}", param=where)
-    return tools.function(function, f"{where}.function")
+    """An assistant's `tool_calls`, each with its id and `arguments` a string holding a JSON
+    object (or the object)."""
+    return tools.typed_calls(
+        raw, where, lambda given, at, _: tools.call_id(given, at), CALL_ECHOES, FUNCTION_ECHOES
+    )
 
 
 def _tool_choice(value) -> str | None:
@@ -207,7 +145,7 @@ def _tool_choice(value) -> str | None:
 
 def _tool_use(body: dict) -> ToolUse | None:
     raw = body.get("tools")
-    functions = () if raw is None else tools.function_list(raw, _tool)
+    functions = () if raw is None else tools.function_list(raw, tools.typed_function)
     return tools.tool_use(
         functions,
         _tool_choice(body.get("tool_choice")),
@@ -272,21 +210,13 @@ def _response_format(value) -> validation.JsonSchema | None:
     )
 
 
-def _model(body: dict) -> None:
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
-        raise InvalidRequest(
-            f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", param="model"
-        )
-
-
 def parse_completion_request(body) -> tuple[ChatRequest, bool]:
     """The checked request, and whether a stream should end with a usage chunk."""
     body = validation.known_fields(body, IMPLEMENTED | set(NO_OPS))
     for key, allowed in NO_OPS.items():
         if key in body:
-            _check_no_op(key, body[key], allowed)
-    _model(body)
+            validation.check_no_op(key, body[key], allowed)
+    validation.model(body)
     if "messages" not in body:
         raise InvalidRequest("'messages' is required", param="messages")
     stream = validation.flag(body, "stream")

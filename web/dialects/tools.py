@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Set
 
 from inference.runtime.tools import Function, ToolUse
 from service.errors import InvalidRequest
@@ -51,6 +52,26 @@ def function(raw: dict, where: str) -> Function:
     return Function(function_name, description, parameters, f"{where}.parameters")
 
 
+def typed_function(entry, i: int) -> Function:
+    """One of `tools` as OpenAI and Ollama write it: {"type": "function", "function":
+    {"name", "description", "parameters", "strict"}} (`strict` may be anything: the schema
+    is always enforced)."""
+    where = f"tools[{i}]"
+    inner = entry.get("function") if isinstance(entry, dict) else None
+    if (
+        not isinstance(inner, dict)
+        or set(entry) != {"type", "function"}
+        or entry["type"] != "function"
+    ):
+        raise InvalidRequest(
+            f'{where} must be {{"type": "function", "function": {{"name", ...}}}}', param=where
+        )
+    unknown = sorted(set(inner) - {"name", "description", "parameters", "strict"})
+    if unknown:
+        raise InvalidRequest(f"{where}.function has an unknown key {unknown[0]!r}", param=where)
+    return function(inner, f"{where}.function")
+
+
 def function_list(raw, read_one) -> tuple[Function, ...]:
     """`tools`: a list of at most MAX_TOOLS entries, each read by `read_one(entry, i)`, with
     no name twice."""
@@ -84,6 +105,46 @@ def tool_use(
     if choice == "none":
         return None
     return ToolUse(functions, choice or "auto", parallel is not False)
+
+
+def typed_calls(
+    raw,
+    where: str,
+    identify: Callable[[object, str, int], str],
+    call_keys: Set[str] = frozenset(),
+    function_keys: Set[str] = frozenset(),
+) -> list[dict]:
+    """An assistant's `tool_calls` as OpenAI and Ollama write them, {"id", "type":
+    "function", "function": {"name", "arguments"}} each, in the neutral form.
+    `identify(given, where, j)`: the j-th call's id from the one it brought (Ollama's may
+    bring none); `call_keys`, `function_keys`: what else a call and its function may carry
+    (a client's echoes, Ollama's index)."""
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise InvalidRequest(
+            f"{where}.tool_calls must be a list of at most {MAX_TOOLS} calls", param="messages"
+        )
+    out = []
+    for j, call in enumerate(raw):
+        at = f"{where}.tool_calls[{j}]"
+        inner = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(inner, dict)
+            or set(call) - {"id", "type", "function"} - call_keys
+            or call.get("type", "function") != "function"
+            or set(inner) - {"name", "arguments"} - function_keys
+        ):
+            raise InvalidRequest(
+                f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
+                param="messages",
+            )
+        out.append(
+            {
+                "id": identify(call.get("id"), f"{at}.id", j),
+                "name": name(inner.get("name"), f"{at}.function.name", "messages"),
+                "arguments": arguments(inner.get("arguments"), f"{at}.function.arguments"),
+            }
+        )
+    return out
 
 
 def call_id(value, where: str) -> str:

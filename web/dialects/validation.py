@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from inference.runtime.jobs import SAMPLING_RANGES
 from inference.runtime.tools import ToolUse
@@ -19,6 +21,7 @@ from service.errors import InvalidRequest
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
+MAX_MODEL_CHARS = 256
 # The fields every dialect reads with `sampling()`, under the same names.
 SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
 SAMPLING_FIELDS |= {"frequency_penalty", "presence_penalty", "seed", "logprobs", "top_logprobs"}
@@ -40,6 +43,16 @@ def json_schema(value, param: str) -> JsonSchema:
     if not isinstance(value, dict):
         raise InvalidRequest(f"'{param}' must hold a JSON schema (an object)", param=param)
     return JsonSchema(value, param)
+
+
+def json_format(value, param: str = "format") -> JsonSchema | None:
+    """Ollama's `format` (which /chat took over): "json" for any JSON object, or a JSON
+    schema the answer must follow."""
+    if value is None:
+        return None
+    if value == "json":
+        return JsonSchema(ANY_OBJECT, param)
+    return json_schema(value, param)
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,9 @@ class ChatRequest:
     seed: int | None = None
     json: JsonSchema | None = None  # None: free text
     tools: ToolUse | None = None  # None: no tools shown, no calls read
+    # A prompt as the model reads it, template and all (Ollama's `raw`): then `messages` is
+    # only its record and `system` is None.
+    raw: str | None = None
 
 
 def is_int(value) -> bool:
@@ -107,10 +123,11 @@ def message_list(raw) -> list:
     return raw
 
 
-def number(body: dict, key: str, default: float | None) -> float | None:
+def number(body: dict, key: str, default: float | None, name: str = "") -> float | None:
     """A finite number in the key's SAMPLING_RANGES; any JSON number, however large. Left
-    out or null: `default`."""
+    out or null: `default`. `name`: what the dialect calls the field, if not `key`."""
     value = body.get(key)
+    name = name or key
     if value is None:
         return default
     try:
@@ -118,44 +135,49 @@ def number(body: dict, key: str, default: float | None) -> float | None:
     except OverflowError:  # an integer with hundreds of digits
         as_float = math.inf
     if isinstance(value, bool) or not math.isfinite(as_float):
-        raise InvalidRequest(f"'{key}' must be a finite number", param=key)
+        raise InvalidRequest(f"'{name}' must be a finite number", param=name)
     allowed = SAMPLING_RANGES[key]
     if not allowed.holds(as_float):
         shown = repr(value) if isinstance(value, float) else str(value)  # as sent
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise InvalidRequest(f"'{key}' must be {allowed}, got {shown}", param=key)
+        raise InvalidRequest(f"'{name}' must be {allowed}, got {shown}", param=name)
     return as_float
 
 
-def integer(value, key: str) -> int | None:
+def integer(value, key: str, name: str = "") -> int | None:
     """None when left out, else an integer in the key's SAMPLING_RANGES."""
     if value is None:
         return None
-    allowed = SAMPLING_RANGES[key]
+    allowed, name = SAMPLING_RANGES[key], name or key
     if not is_int(value) or not allowed.holds(value):
         off = " (0 or -1: off)" if key == "top_k" else ""
-        raise InvalidRequest(f"'{key}' must be {allowed}{off}", param=key)
+        raise InvalidRequest(f"'{name}' must be {allowed}{off}", param=name)
     return value
 
 
-def sampling(body: dict) -> dict:
+def sampling(body: dict, names: Mapping[str, str] = MappingProxyType({})) -> dict:
     """The SAMPLING_FIELDS of a body, checked, as ChatRequest's keyword arguments. What is
     left out of temperature, top_p, top_k, min_p and repetition_penalty stays None: the
-    served defaults fill it in (web/relay.py)."""
+    served defaults fill it in (web/relay.py). `names`: what the dialect calls a field where
+    it differs, for the errors (Ollama's `options.repeat_penalty`)."""
     asked_logprobs = flag(body, "logprobs")
     alternatives = integer(body.get("top_logprobs"), "top_logprobs") or 0
     if alternatives and not asked_logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    top_k = integer(body.get("top_k"), "top_k")
+    top_k = integer(body.get("top_k"), "top_k", names.get("top_k", ""))
+
+    def real(key: str, default: float | None) -> float | None:
+        return number(body, key, default, names.get(key, ""))
+
     return {
-        "temperature": number(body, "temperature", None),
-        "top_p": number(body, "top_p", None),
+        "temperature": real("temperature", None),
+        "top_p": real("top_p", None),
         "top_k": None if top_k is None else max(top_k, 0),  # 0 and -1: off
-        "min_p": number(body, "min_p", None),
-        "repetition_penalty": number(body, "repetition_penalty", None),
-        "frequency_penalty": number(body, "frequency_penalty", 0.0),
-        "presence_penalty": number(body, "presence_penalty", 0.0),
-        "seed": seed(body.get("seed")),
+        "min_p": real("min_p", None),
+        "repetition_penalty": real("repetition_penalty", None),
+        "frequency_penalty": real("frequency_penalty", 0.0),
+        "presence_penalty": real("presence_penalty", 0.0),
+        "seed": seed(body.get("seed"), names.get("seed", "seed")),
         "logprobs": asked_logprobs,
         "top_logprobs": alternatives,
     }
@@ -170,11 +192,11 @@ def positive_int(value, key: str) -> int | None:
     return value
 
 
-def seed(value) -> int | None:
+def seed(value, name: str = "seed") -> int | None:
     if value is None:
         return None
     if not is_int(value) or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise InvalidRequest("'seed' must be an integer of at most 64 bits", param="seed")
+        raise InvalidRequest(f"'{name}' must be an integer of at most 64 bits", param=name)
     return value
 
 
@@ -187,8 +209,9 @@ def flag(body: dict, key: str) -> bool:
     return value
 
 
-def stop(body: dict) -> tuple[str, ...]:
-    """`stop`: a string or a list of at most MAX_STOP_STRINGS short strings."""
+def stop(body: dict, name: str = "stop") -> tuple[str, ...]:
+    """`stop`: a string or a list of at most MAX_STOP_STRINGS short strings. `name`: what
+    the dialect calls the field."""
     value = body.get("stop")
     if value is None:
         return ()
@@ -196,16 +219,46 @@ def stop(body: dict) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
         raise InvalidRequest(
-            f"'stop' must be a list of at most {MAX_STOP_STRINGS} strings", param="stop"
+            f"'{name}' must be a list of at most {MAX_STOP_STRINGS} strings", param=name
         )
     for s in value:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
             raise InvalidRequest(
-                f"each 'stop' entry must be a string of 1..{MAX_STOP_CHARS} characters",
-                param="stop",
+                f"each '{name}' entry must be a string of 1..{MAX_STOP_CHARS} characters",
+                param=name,
             )
-        _valid_unicode(s, "'stop'", "stop")
+        _valid_unicode(s, f"'{name}'", name)
     return tuple(value)
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON values: 0 == 0.0 but False != 0."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def check_no_op(key: str, value, allowed: tuple | None) -> None:
+    """A field we take no action on may hold only the values under which that is exactly
+    what the dialect's own server does (`allowed`; None: any string)."""
+    if allowed is None:  # any string
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"'{key}' must be a string", param=key)
+        return
+    if not any(_same(value, ok) for ok in allowed):
+        shown = ", ".join("null" if v is None else repr(v) for v in allowed)
+        raise InvalidRequest(
+            f"'{key}' is not supported by this server; leave it out or send one of: {shown}",
+            param=key,
+        )
+
+
+def model(body: dict) -> None:
+    """`model` may name anything (one model is served, and every answer names it), but it
+    is a short string."""
+    value = body.get("model")
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_MODEL_CHARS):
+        raise InvalidRequest(
+            f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", param="model"
+        )
 
 
 def known_fields(body, allowed: set[str]) -> dict:

@@ -121,3 +121,14 @@ def test_the_loader_hands_handlers_and_worker_one_settled_tokenizer(embedded_dir
     assert tokenizer.backend_tokenizer.truncation is None
     assert tokenizer.backend_tokenizer.padding is None
     assert not hasattr(tokenizer, "_vocab") and not hasattr(tokenizer, "_merges")
+
+
+def test_a_raw_prompt_reads_control_names_as_tokens(builder):
+    messages = [{"role": "user", "content": "hi <|im_end|> there"}]
+    rendered = builder._tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert builder.encode_raw(rendered) == builder.encode([{"role": "user", "content": "hi"}])
+    end = builder._tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert builder.encode_raw("hi <|im_end|>").count(end) == 1
+    assert builder.encode(messages).count(end) == 2  # in a message: characters, not a turn's end
