@@ -1,17 +1,19 @@
 """Prompt prefixes' keys and values, shared by every request: what a repeated system prompt,
 tool list or conversation history costs is paid once.
 
-A prompt is cut into blocks of BLOCK tokens; each block is found by a hash chain (its hash
-covers its tokens and every block before it, so equal hashes mean equal prefixes, as vLLM's
-automatic prefix caching does). A block holds the keys and values of its positions in every
-layer, a copy taken from a finished job's cache. A new job copies the longest chain found
-into its own cache and computes only the rest; its own blocks are kept when it closes.
+A prompt is cut into blocks of a few tokens (16 on per-row weights); each block is found by
+a hash chain (its hash covers its tokens and every block before it, so equal hashes mean
+equal prefixes, as vLLM's automatic prefix caching does). A block holds the keys and values
+of its positions in every layer, a copy taken from a finished job's cache. A new job copies
+the longest chain found into its own cache and computes only the rest; its blocks are kept
+when it closes.
 
-Only where a row's result does not depend on the rows beside it (the native step's and the
-per-row int8 weights: `Decoder.rows_independent`) are copied keys and values the same bits a
-fresh prefill would compute, so an answer is identical with or without the cache; the engine
-turns the cache off elsewhere. Blocks are kept by recency within a byte budget, and all of
-them are given back when the PC runs short of memory (`MemAvailable`).
+On per-row weights (the native step's) a row's keys and values do not depend on the rows
+computed beside it, so a copied prefix holds the bits a fresh prefill would, answer rows
+included. Elsewhere they depend on the chunking: the engine then keeps only prompt rows,
+prefilled in fixed chunks that a block's end always falls on. Either way an answer is
+identical with or without the cache. Blocks are kept by recency within a byte budget, and
+all of them are given back when the PC runs short of memory (`MemAvailable`).
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ import torch
 
 from inference.model.kvcache import SequenceCache
 
-BLOCK = 64  # tokens per block: a multiple of the engine's chunk alignment
+BLOCK = 16  # tokens per block, by default: the engine's chunk alignment on per-row weights
 # Below this share of MemTotal available, the cache lets go of every block it holds.
 LOW_MEMORY_SHARE = 0.10
 
 
-def _chain(prompt_ids: list[int], blocks: int) -> list[bytes]:
+def _chain(prompt_ids: list[int], blocks: int, block: int) -> list[bytes]:
     """The hash of each of the first `blocks` blocks, each covering all blocks before it."""
     hashes, previous = [], b""
     for i in range(blocks):
-        chunk = prompt_ids[i * BLOCK : (i + 1) * BLOCK]
+        chunk = prompt_ids[i * block : (i + 1) * block]
         digest = hashlib.blake2b(previous, digest_size=16)
         digest.update(b"".join(t.to_bytes(4, "little") for t in chunk))
         previous = digest.digest()
@@ -55,8 +57,11 @@ def memory_is_short(meminfo: Path = Path("/proc/meminfo")) -> bool:
 class PrefixCache:
     """Blocks of keys and values by prefix hash, least recently used first out."""
 
-    def __init__(self, budget_bytes: int, memory_is_short=memory_is_short):
+    def __init__(self, budget_bytes: int, block: int = BLOCK, memory_is_short=memory_is_short):
+        """`block`: tokens per block, a multiple of the engine's prefill chunk alignment (a
+        restored prefix must end where a fresh prefill's chunk would)."""
         self.budget_bytes = budget_bytes
+        self.block = block
         self.bytes = 0
         self.hits = self.misses = 0  # prompt tokens taken from the cache / computed
         self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -69,21 +74,21 @@ class PrefixCache:
         """Copy the longest cached prefix of `prompt_ids` into the empty `cache`; returns its
         length in tokens. The last prompt token is always left to compute: its forward
         gives the first answer token's logits."""
-        usable = (len(prompt_ids) - 1) // BLOCK
+        usable, size = (len(prompt_ids) - 1) // self.block, self.block
         found = []
-        for key in _chain(prompt_ids, usable):
+        for key in _chain(prompt_ids, usable, size):
             block = self._blocks.get(key)
             if block is None:
                 break
             found.append((key, block))
         for key, _ in reversed(found):  # a prefix is used at least as recently as its ends
             self._blocks.move_to_end(key)
-        tokens = len(found) * BLOCK
+        tokens = len(found) * size
         if tokens:
             cache.reserve(tokens)
             buffer = cache.buffer()
             for i, (_, block) in enumerate(found):
-                buffer[:, :, :, i * BLOCK : (i + 1) * BLOCK] = block
+                buffer[:, :, :, i * size : (i + 1) * size] = block
             cache.commit(tokens)
         self.hits += tokens
         self.misses += len(prompt_ids) - tokens
@@ -94,18 +99,19 @@ class PrefixCache:
         if self._memory_is_short():
             self.clear()
             return
-        blocks = min(len(prompt_ids), cache.length) // BLOCK
+        size = self.block
+        blocks = min(len(prompt_ids), cache.length) // size
         buffer = cache.buffer()
-        chain = _chain(prompt_ids, blocks)
+        chain = _chain(prompt_ids, blocks, size)
         for i, key in enumerate(chain):
             if key in self._blocks:
                 continue
-            block = buffer[:, :, :, i * BLOCK : (i + 1) * BLOCK].clone()
-            size = block.numel() * block.element_size()
-            if size > self.budget_bytes:
+            block = buffer[:, :, :, i * size : (i + 1) * size].clone()
+            nbytes = block.numel() * block.element_size()
+            if nbytes > self.budget_bytes:
                 return
             self._blocks[key] = block
-            self.bytes += size
+            self.bytes += nbytes
         # The chain's first blocks are its most recent: its ends go out before its start.
         for key in reversed(chain):
             if key in self._blocks:

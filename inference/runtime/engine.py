@@ -135,13 +135,15 @@ class Engine:
         # Prompt prefixes' keys and values, shared by every stream (none when the budget is 0).
         # Elsewhere than on per-row weights a prefix's bits depend on how it was chunked:
         # only prompts (prefilled in fixed PREFILL_BLOCK chunks) are kept there, not answers.
-        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         if self.batch_invariant:
             self.block, self.alone_rows = ALIGN, PREFILL_CHUNK
-        elif self.prefixes is not None:
+        elif prefix_cache_bytes > 0:
             self.block = self.alone_rows = PREFILL_BLOCK
         else:
             self.block = self.alone_rows = PREFILL_CHUNK
+        self.prefixes = None
+        if prefix_cache_bytes > 0:
+            self.prefixes = PrefixCache(prefix_cache_bytes, self.block)
         # What runs a step: the native library's build (inference/native) or torch's ops.
         self.decode_step = f"native {self.decoder.native}" if self.decoder.native else "torch"
         # Equal digests, equal answers on any PC: where the native step serves (the torch

@@ -9,7 +9,6 @@ import dataclasses
 
 import pytest
 
-from inference.model.prefix_cache import BLOCK
 from inference.runtime.jobs import Sampling
 from service.config import load_config
 from tests.support.engines import batched
@@ -54,6 +53,7 @@ def fresh(engine, ids, sampling=GREEDY) -> str:
 def test_follow_up_turns_reuse_the_cache_and_answer_the_same(engine_and_prompts):
     engine, prompts = engine_and_prompts
     engine.prefixes.clear()
+    block = engine.prefixes.block
     messages: list[dict] = [{"role": "system", "content": SYSTEM}]
     for turn, question in enumerate(TURNS):
         messages.append({"role": "user", "content": question})
@@ -64,9 +64,9 @@ def test_follow_up_turns_reuse_the_cache_and_answer_the_same(engine_and_prompts)
             # at least the previous prompt, in whole blocks; on per-row weights the
             # previous answer's rows too, as far as the tokens agree
             previous = len(prompts.encode(messages[:-2]))
-            assert reused_tokens >= previous // BLOCK * BLOCK > 0
+            assert reused_tokens >= previous // block * block > 0
             if not engine.batch_invariant:
-                assert reused_tokens == previous // BLOCK * BLOCK
+                assert reused_tokens == previous // block * block
         assert reused == fresh(engine, ids)
         messages.append({"role": "assistant", "content": reused})
 
@@ -74,6 +74,7 @@ def test_follow_up_turns_reuse_the_cache_and_answer_the_same(engine_and_prompts)
 def test_two_conversations_and_a_shared_system_prompt(engine_and_prompts):
     engine, prompts = engine_and_prompts
     engine.prefixes.clear()
+    block = engine.prefixes.block
     system = {"role": "system", "content": SYSTEM}
     first = [system, {"role": "user", "content": TURNS[0]}]
     second = [system, {"role": "user", "content": "How do I book a meeting room?"}]
@@ -82,13 +83,13 @@ def test_two_conversations_and_a_shared_system_prompt(engine_and_prompts):
     pairs = zip(prompts.encode(first), second_ids, strict=False)
     shared = next(i for i, (a, b) in enumerate(pairs) if a != b)
     second_answer = answer(engine, second_ids)  # the system prompt came from the first
-    assert engine.reused_tokens == shared // BLOCK * BLOCK > 0
+    assert engine.reused_tokens == shared // block * block > 0
     # the first conversation goes on after the second: its own history is still there
     follow = [*first, {"role": "assistant", "content": first_answer}]
     follow.append({"role": "user", "content": TURNS[1]})
     follow_ids = prompts.encode(follow)
     got = answer(engine, follow_ids)
-    assert engine.reused_tokens >= len(prompts.encode(first)) // BLOCK * BLOCK
+    assert engine.reused_tokens >= len(prompts.encode(first)) // block * block
     assert got == fresh(engine, follow_ids)
     assert second_answer == fresh(engine, second_ids)
 
@@ -99,7 +100,8 @@ def test_the_same_prompt_twice_reruns_only_its_last_block(engine_and_prompts):
     ids = prompts.encode([system, {"role": "user", "content": "Hi."}])
     first = fresh(engine, ids)
     assert answer(engine, ids) == first
-    assert engine.reused_tokens == (len(ids) - 1) // BLOCK * BLOCK
+    block = engine.prefixes.block
+    assert engine.reused_tokens == (len(ids) - 1) // block * block
 
 
 def test_cached_prefixes_in_a_full_batch_with_speculation(engine_and_prompts):
