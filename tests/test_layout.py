@@ -144,3 +144,18 @@ def test_graph_sees_real_arrows() -> None:
     )
     assert "service.config" in edges["server"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_the_server_module_loads_no_torch_before_the_cpu_split() -> None:
+    """server.py splits the CPUs (--cpu-affinity) before the model loads: every thread
+    started afterwards inherits its mask. Importing torch starts threads, so nothing that
+    server.py imports at the top may import it (tests/inference/host/test_host.py sees
+    the masks; this sees the cause in a second)."""
+    import subprocess
+    import sys
+
+    code = "import sys, server; print('torch' in sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == "False"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference.host.threads import ThreadGovernor
-from inference.model.prefix_cache import PrefixCache
 from inference.runtime.grammar import SchemaCompiler
 from inference.runtime.jobs import SamplingDefaults
 from inference.runtime.prompt import PromptBuilder
 from inference.runtime.worker import Worker
 from web.access.keys import KeyRing
+
+if TYPE_CHECKING:  # torch, which it imports, loads only after the CPU split (server.py)
+    from inference.model.prefix_cache import PrefixCache
 
 
 @dataclass
