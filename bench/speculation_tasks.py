@@ -1,4 +1,4 @@
-"""The task set of the speculation benchmark (issue 25): grounded prompts, whose answers copy
+"""The task set of the speculation benchmark: grounded prompts, whose answers copy
 long spans of a text given in the prompt (what prompt lookup drafts from), and open chat,
 whose answers copy nothing (what speculation must not slow down).
 

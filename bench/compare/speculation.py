@@ -1,5 +1,5 @@
 """`python -m bench --speculation` (also `python -m bench.compare.speculation`): exact
-prompt-lookup speculative decoding against plain decoding (issue 25), on the task set of
+prompt-lookup speculative decoding against plain decoding, on the task set of
 bench/speculation_tasks.py with the embedded model, greedy.
 
 Sides, alternated request by request in one run (the order rotates), one busy at a time:

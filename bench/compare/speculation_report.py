@@ -1,6 +1,6 @@
 """The speculation benchmark's numbers from its runs (bench/compare/speculation.py): per kind
 and side the median decode tokens/s, acceptance and tokens per step, the paired ratios, the
-four-stream totals, issue 25's targets, every answer whose greedy text changed with
+four-stream totals, the targets speculation must meet, every answer whose greedy text changed with
 speculation, and the Markdown that shows them (mismatches first, so none goes unseen)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ TITLES = {
     LLAMA_LOOKUP: "llama.cpp lookup",
 }
 ROWS = (*GROUNDED_KINDS, "grounded", "open")  # "grounded": the four kinds together
-TARGETS = (  # issue 25's done-when, read off the report
+TARGETS = (  # what speculation must meet, read off the report
     ("grounded one stream: spec / no-spec", 2.0),
     ("grounded one stream: spec / best llama.cpp", 1.0),
     ("open chat one stream: spec / no-spec", 0.97),
@@ -217,7 +217,7 @@ def _num(value, digits: int = 2) -> str:
 def format_report(report: dict) -> str:
     """Markdown, to paste into docs: mismatches first, then the tables and the run."""
     sides = report["sides_measured"]
-    lines = ["## Speculation benchmark (issue 25)", ""]
+    lines = ["## Speculation benchmark", ""]
     bad = report["mismatches"]
     if bad:
         lines += [
@@ -296,7 +296,7 @@ def format_report(report: dict) -> str:
                 f"| {TITLES[side]} | {rounds} | {_num(s['total_tok_s_p50'])} | {s['errors']} |"
             )
         lines += ["", f"spec / no-spec (median of rounds): {_num(four['spec_over_plain'])}"]
-    lines += ["", "Targets (issue 25):", ""]
+    lines += ["", "Targets:", ""]
     for t in report["targets"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         lines.append(f"- {t['what']}: {_num(t['value'])} (target >= {t['target']}): {verdict}")

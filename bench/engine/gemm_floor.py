@@ -2,7 +2,7 @@
 
     python -m bench.engine.gemm_floor [--model qwen-shape|DIR] [--blocks 6] [--steps 64]
 
-Why (issue 10): decode at 1.2x llama.cpp needs the engine's step under 1/1.2 of llama.cpp's.
+Why: decode at 1.2x llama.cpp needs the engine's step under 1/1.2 of llama.cpp's.
 This loads the engine and llama.cpp's Q4_K_M of the same model (made as `--peer llamacpp`
 makes it) side by side and alternates, block by block: llama.cpp decoding `--steps` tokens,
 the engine's forward decoding as many at one row, and only the engine's int8 GEMM calls

@@ -4,7 +4,7 @@ give bitwise the same output as the one served (inference/quant/rowint8.py).
     python -m bench.engine.int8_kernels [--threads 2] [--rows 1,2,4,8]
 
 Why: with continuous batching the decode step runs 1-8 rows, and a lone user should not pay
-for the batch invariance (issue 9). The integer product is exact, so any kernel that gives
+for the batch invariance. The integer product is exact, so any kernel that gives
 the same int32 sums and is followed by the same float ops keeps a row's answer the same in
 any batch. For each Qwen2.5-0.5B projection shape and row count it prints the median
 microseconds per call of each candidate, the scaling of the input rows included (it is also

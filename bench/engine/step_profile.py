@@ -2,7 +2,7 @@
 
     python -m bench.engine.step_profile [--model qwen-shape|embedded|DIR] [--batch 1,4] [--steps 32]
 
-Why (issue 10, "profile first"): the levers to try depend on the split between the int8
+Why ("profile first"): the levers to try depend on the split between the int8
 GEMMs, the row scaling around them, attention, the other small ops, and what is outside any
 op (Python, dispatch, sampling and detokenizing in the engine). For each batch size B it
 opens B streams on one prompt, lets them decode, and profiles `--steps` steps of

@@ -1,4 +1,4 @@
-"""The server's own peak memory with a full batch of long contexts (issue 26's bound).
+"""The server's own peak memory with a full batch of long contexts (its bound: docs/batching.md).
 
 Starts `server.py` on the model at --max-batch N, reads its VmHWM once it is ready, then
 sends N streamed requests at once, each a prompt of about --context tokens less the answer's

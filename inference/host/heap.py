@@ -1,4 +1,4 @@
-"""glibc's heap, told when to give memory back (issue 10: the engine under 1000 MB of RSS).
+"""glibc's heap, told when to give memory back (the engine under 1000 MB of RSS).
 
 Freed memory below the mmap threshold stays in the process's heap until the top of the heap
 is free or `malloc_trim` returns the free pages inside it. Loading frees ~1 GB of float

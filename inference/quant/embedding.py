@@ -5,9 +5,9 @@ actually seen are ever read: the kernel pages them in on first touch (one 4 KB p
 Qwen row) and, as clean file pages, may drop them again under memory pressure (not under
 `--mlock`, which locks each page as it is touched). Held as an
 int8 copy instead (`Int8Embedding` below), Qwen2.5-0.5B's 151936 x 896 table cost 136 MB
-of RSS whether used or not (issue 10: the engine must stay under 1000 MB).
+of RSS whether used or not (the engine must stay under 1000 MB).
 
-The rows looked up are the checkpoint's own values, not rounded (issue 24: the rounding of
+The rows looked up are the checkpoint's own values, not rounded (the rounding of
 c54d999 only tipped one fp32 near-tie, SmolLM2's first token for the capital of France,
 'The' vs 'L' 0.08 logits apart; tests now ask questions with large fp32 margins,
 tests/support/margins.py).

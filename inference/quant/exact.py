@@ -4,7 +4,7 @@ torch's exp, log, pow, softmax, sums and matrix products change their last bits 
 CPU's vector width (ATEN_CPU_CAPABILITY default, avx2, avx512) and with MKL's own kernels:
 a sum's order follows the lanes, transcendental functions are different polynomials. Such a
 bit, in a smoothing scale or a sampling weight, turns into a different int8 weight or a
-different token, and a PC answers differently from its neighbour (issue 33).
+different token, and a PC answers differently from its neighbour.
 
 Here only IEEE's basic operations are used, one per torch call (+, -, *, /, sqrt, round,
 comparisons, max: correctly rounded, so the same bits in any vector width), and sums are

@@ -7,7 +7,7 @@ q_dq_qweight_dq_output_fp32`, the kernel torch.ao's dynamic Linear uses) with th
 fixed at 1.0: the rows are already integers, so fbgemm's own quantization only shifts them by
 the zero point, and its output is the exact int32 sum times the weight scale. Multiplied by
 each row's scale afterwards, a row's output is bitwise the same whatever other rows share the
-forward (several requests' decode steps in one batch, issue 9), which the torch.ao dynamic
+forward (several requests' decode steps in one batch), which the torch.ao dynamic
 Linear (one scale for the whole input) does not give.
 
 Why fbgemm and 127/63: fbgemm multiplies uint8 activations by int8 weights. With VNNI the

@@ -6,7 +6,7 @@ forges a system turn), as llama.cpp and vLLM do.
 
 Used by request handlers, which take turns on the tokenizer behind a lock. The worker
 decodes answers with the same tokenizer, without that lock (a second copy of a Qwen
-tokenizer costs ~100 MB, issue 10): the Rust tokenizer underneath allows any number of
+tokenizer costs ~100 MB): the Rust tokenizer underneath allows any number of
 concurrent readers, and encoding and decoding only read it, once `read_only` has settled the
 one state transformers may write on a call (truncation and padding, which none of our calls
 ask for).
@@ -37,7 +37,7 @@ def read_only(tokenizer) -> None:
 def shed_build_copies(tokenizer) -> None:
     """Drop the Python copies of the vocabulary and merges that transformers' Qwen2 and Llama
     tokenizers keep after building the Rust tokenizer from them and never read again: 62 MB
-    of RSS on Qwen (issue 10)."""
+    of RSS on Qwen."""
     for name in ("_vocab", "_merges"):
         if isinstance(getattr(tokenizer, name, None), (dict, list)):
             delattr(tokenizer, name)

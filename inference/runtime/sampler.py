@@ -7,7 +7,7 @@ Why not sort the whole vocabulary for top_p: on Qwen's 151936 tokens a sampled t
 looked for among the TOP_CANDIDATES most likely tokens first (or the top_k), and all are
 sorted only when it reaches past them; min_p is a threshold on the weights, no sort at all;
 penalties touch only the tokens already seen, by index.
-Every step here has the same bits on every CPU (issue 33): torch's softmax, cumsum and
+Every step here has the same bits on every CPU (docs/same-answers.md): torch's softmax, cumsum and
 log_softmax change their last bits with the vector width, and a seeded request must get the
 same text from every PC of a fleet. The exponentials are inference/quant/exact.py's, the
 sums exact in fixed point, and the draw one 53-bit random integer against the exact running

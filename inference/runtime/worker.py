@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from inference.host.process import between_jobs  # latency (issue 11): GC between jobs
+from inference.host.process import between_jobs  # latency: GC between jobs
 from inference.runtime.batch import Batch, EngineLike, Running, own_failure
 from inference.runtime.jobs import Done, Failed, Job, Sampling
 from service.errors import Cancelled, Internal, Overloaded, ServiceError, Timeout, Unavailable
@@ -226,7 +226,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self.heartbeat = time.monotonic()
-                # latency (issue 11): the oldest GC generation here, between steps: whenever
+                # latency: the oldest GC generation here, between steps: whenever
                 # nothing runs or waits, else only now and then (host.between_jobs)
                 between_jobs(len(self._waiting) + len(self._batch.entries))
                 self._admit()
