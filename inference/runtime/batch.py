@@ -10,8 +10,10 @@ request id; the others in the step go on untouched. Only a failing forward, whic
 everyone's, ends the jobs of that step. The log gets request ids, error kinds and code
 places, never a request's content.
 
-A finished job's time, and its prefill's time per prompt token, fold into running averages:
-the estimates admission and a full queue's Retry-After are made of.
+A finished job's time, and the engine's own time for the prompt rows it computed, fold into
+running averages: the estimates admission and a full queue's Retry-After are made of. The
+prefill rate is the engine's work, not the time to the first token: a short prompt that
+waited beside a long one's prefill teaches nothing about prompt tokens per second.
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ class Batch:
         self._lock = lock
         self.entries: list[Running] = []
         self._job_seconds: float | None = None  # average measured job time; None: none yet
-        self._prefill_s_per_token: float | None = None  # average measured; None: none yet
+        # Prompt rows computed and their seconds, each sum decayed by JOB_TIME_WEIGHT per
+        # finished job: a one-row prefill (the rest from the prefix cache) weighs one row.
+        self._prefill_tokens = 0.0
+        self._prefill_s = 0.0
 
     def join(self, entry: Running) -> None:
         with self._lock:
@@ -117,8 +122,8 @@ class Batch:
         result = engine.close(entry.stream)
         self._deliver(entry)
         done_at = time.monotonic()
-        if result.completion_tokens > 0 and result.ttft_s > 0 and job.prompt_ids:
-            self._measured_prefill(result.ttft_s / len(job.prompt_ids))
+        if result.prefill_tokens > 0:
+            self._measured_prefill(result.prefill_tokens, result.prefill_s)
         gen_s = done_at - entry.picked
         self._measured(gen_s)
         self.end(
@@ -185,13 +190,20 @@ class Batch:
     def expected_prefill_s(self, prompt_tokens: int) -> float:
         """Expected seconds of prefill (to the first token) for a prompt of that many tokens,
         at the measured rate."""
-        per_token = self._prefill_s_per_token
+        per_token = self.prefill_s_per_token
         return prompt_tokens * (FIRST_PREFILL_GUESS_S if per_token is None else per_token)
+
+    @property
+    def prefill_s_per_token(self) -> float | None:
+        """The measured seconds per computed prompt token; None before any was measured."""
+        if self._prefill_tokens == 0:
+            return None
+        return self._prefill_s / self._prefill_tokens
 
     @property
     def measured(self) -> bool:
         """True once a job has been timed: the estimates are measurements, not guesses."""
-        return self._job_seconds is not None and self._prefill_s_per_token is not None
+        return self._job_seconds is not None and self._prefill_tokens > 0
 
     def _measured(self, job_s: float) -> None:
         """Fold a finished job's time into the average; the first one replaces the guess."""
@@ -201,12 +213,12 @@ class Batch:
             else:
                 self._job_seconds += JOB_TIME_WEIGHT * (job_s - self._job_seconds)
 
-    def _measured_prefill(self, per_token_s: float) -> None:
-        """Fold a prefill's seconds per prompt token into the average, as _measured does."""
-        if self._prefill_s_per_token is None:
-            self._prefill_s_per_token = per_token_s
-        else:
-            self._prefill_s_per_token += JOB_TIME_WEIGHT * (per_token_s - self._prefill_s_per_token)
+    def _measured_prefill(self, tokens: int, seconds: float) -> None:
+        """Fold a job's computed prompt rows and their seconds into the decayed sums."""
+        keep = 1.0 - JOB_TIME_WEIGHT
+        with self._lock:
+            self._prefill_tokens = keep * self._prefill_tokens + tokens
+            self._prefill_s = keep * self._prefill_s + seconds
 
 
 def own_failure(job: Job, error: Exception, where: str) -> ServiceError:

@@ -58,6 +58,7 @@ class Stream:
         self.token = -1  # the last token picked, the next decode step's input
         self.completion_tokens = 0
         self.answer_ids: list[int] = []  # the tokens picked, in order
+        self.prefill_s = 0.0  # its prompt rows' share of the forwards' time
         self.finish: str | None = None if self.budget > 0 else "length"
         self.error: Exception | None = None  # what ended it inside a step; only it
         self.opened = time.monotonic()
@@ -197,6 +198,8 @@ class Engine:
             drafted=stream.drafted,
             accepted=stream.accepted,
             steps=stream.steps,
+            prefill_tokens=stream.prefilled - stream.reused,
+            prefill_s=stream.prefill_s,
         )
 
     # -- the step ---------------------------------------------------------------------------
@@ -211,7 +214,9 @@ class Engine:
         plan = schedule(streams, self.alone_rows, self.block)  # which rows run
         if not plan.segments:
             return
+        started = time.perf_counter()
         logits = self.decoder.forward(plan.segments)  # run them, all streams in one forward
+        _share_prefill_time(plan, time.perf_counter() - started)
         drafted, accepted = accept(plan, logits, self.eos_ids, self.pieces)  # their tokens
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -243,6 +248,15 @@ class Engine:
         if text := stream.take_text():
             emit(text)
         return result
+
+
+def _share_prefill_time(plan, seconds: float) -> None:
+    """Give each prompt chunk of the step its rows' share of the forward's time (a row costs
+    about the same whichever stream it is: the weights are read once for all of them)."""
+    rows = sum(len(segment.ids) for segment in plan.segments)
+    for stream, segment in zip(plan.streams, plan.segments, strict=True):
+        if not segment.decoding:
+            stream.prefill_s += seconds * len(segment.ids) / rows
 
 
 def _mix(seed: int, position: int) -> int:

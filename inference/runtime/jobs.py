@@ -104,6 +104,11 @@ class Generation:
     drafted: int = 0  # tokens drafted for it and checked (inference/runtime/schedule.py)
     accepted: int = 0  # of them, the ones the model picked: answer tokens without a step
     steps: int = 0  # forwards that gave it at least one token
+    # The engine's own work on its prompt: the rows it computed (those taken from the prefix
+    # cache not counted) and their share of the forwards' time. Admission's rate comes from
+    # these, not from the time to the first token, which waits on the rows beside it.
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ class FakeStream:
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.prefill_s = prefill_s  # still to sleep before the first token
+        self.prefill_total_s = prefill_s  # what the scripted prefill costs in all
         self.opened = time.monotonic()
         self.finish: str | None = None if sampling.max_tokens > 0 else "length"
         self.completion_tokens = 0
@@ -98,7 +99,13 @@ class FakeEngine:
     def close(self, stream: FakeStream, interrupted: bool = False) -> Generation:
         self.tokens_made.append(stream.completion_tokens)
         finish = "interrupted" if interrupted or stream.finish is None else stream.finish
-        return Generation(finish, stream.completion_tokens, stream.ttft_s)
+        return Generation(
+            finish,
+            stream.completion_tokens,
+            stream.ttft_s,
+            prefill_tokens=len(stream.prompt_ids),
+            prefill_s=stream.prefill_total_s,
+        )
 
 
 def fake_logprob(piece: str, alternatives: int) -> TokenLogprob:

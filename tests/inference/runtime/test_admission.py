@@ -9,7 +9,7 @@ import time
 import pytest
 
 from inference.runtime.batch import FIRST_PREFILL_GUESS_S
-from inference.runtime.jobs import Job, Sampling
+from inference.runtime.jobs import Done, Failed, Job, Sampling
 from inference.runtime.worker import Worker
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import chat, wait_until
@@ -94,3 +94,56 @@ def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(f
             job.cancel()
     # With the queue gone, the same request is served.
     assert chat(server.url, {"message": "late", "max_tokens": 2}).status == 200
+
+
+LONG_NOTES = "Budget approved for the printers; the launch moved to May; two engineers hired. "
+
+
+@pytest.mark.slow
+def test_a_long_prompt_run_in_a_full_batch_is_admitted_alone_after(embedded_dir):
+    """The real engine: a long prompt prefilled beside two decoding streams, and a short one
+    that waited beside its prefill. The prefill rate learnt is the engine's own work, so
+    the estimate for the long prompt alone stays within 2x of what it then takes, and a
+    deadline it meets admits it (its time to the first token would have taught the short
+    prompt's wait instead)."""
+    import dataclasses
+
+    from inference.loading.assemble import ModelChoice, load_model
+    from service.config import load_config
+    from web.relay import admit
+
+    config = load_config([], {})
+    engine, prompts = load_model(ModelChoice(embedded_dir, "embedded"), config, lambda _m: None)
+    worker = Worker(engine, max_queue=8, max_batch=4).start()
+
+    def ids(text: str) -> list[int]:
+        return prompts.encode([{"role": "user", "content": text}])
+
+    def done(job: Job):
+        while not isinstance(event := job.events.get(timeout=600), Done | Failed):
+            pass
+        assert isinstance(event, Done), event
+        return event
+
+    try:
+        long_ids = ids("Summarize these notes. " + LONG_NOTES * 70)
+        assert len(long_ids) > 1000
+        worker.run_now(ids("Hello"), Sampling(max_tokens=4))  # the warm-up
+        stories = [
+            worker.submit(Job(ids(f"Tell a long story about {x}."), Sampling(max_tokens=160), 600))
+            for x in ("a printer", "a stapler")
+        ]
+        assert wait_until(lambda: worker.running == 2, 30)
+        long_job = worker.submit(Job(long_ids, Sampling(max_tokens=4), 600))
+        short_job = worker.submit(Job(ids("Say yes."), Sampling(max_tokens=4), 600))
+        for job in (*stories, long_job, short_job):
+            done(job)
+        estimate = worker.expected_prefill_s(len(long_ids))
+
+        engine.prefixes.clear()  # alone and computed in full, as a new PC would
+        alone_s = worker.run_now(long_ids, Sampling(max_tokens=1)).ttft_ms / 1000
+        assert alone_s / 2 <= estimate <= 2 * alone_s, (estimate, alone_s)
+        deadline = dataclasses.replace(config, request_timeout=1.5 * alone_s)
+        admit(len(long_ids), deadline, worker)  # raises when refused
+    finally:
+        worker.stop()
