@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from bench.launcher import Server, Setting
@@ -108,15 +109,23 @@ def one_tool(url: str, max_tokens: int) -> dict:
     return _summary(runs)
 
 
+def _computed_tokens(url: str) -> int:
+    """Prompt tokens the server computed since start (/health), 0 with the cache off."""
+    with urllib.request.urlopen(url + "/health", timeout=10) as reply:
+        return json.load(reply).get("prefix_cache", {}).get("computed_tokens", 0)
+
+
 def conversation(url: str, max_tokens: int) -> dict:
     messages: list[dict] = []
-    runs = []
+    runs, computed = [], []
     for question in CHAT:
         messages.append({"role": "user", "content": question})
+        before = _computed_tokens(url)
         run = chat_once(url, messages, max_tokens)
+        computed.append(_computed_tokens(url) - before)
         runs.append(run)
         messages.append({"role": "assistant", "content": run.get("text", "")})
-    return _summary(runs)
+    return {**_summary(runs), "computed_tokens": computed}
 
 
 def fresh(url: str, max_tokens: int) -> dict:
@@ -139,6 +148,7 @@ def _summary(runs: list[dict]) -> dict:
     prompts = [r["done"]["usage"]["prompt_tokens"] for r in runs]
     return {
         "ttft_ms": [round(t, 1) for t in ttft],
+        "server_ttft_ms": [r["done"]["timings"]["ttft_ms"] for r in runs],
         "prompt_tokens": prompts,
         "first_ttft_ms": round(ttft[0], 1),
         "rest_ttft_ms_median": round(statistics.median(ttft[1:]), 1),
