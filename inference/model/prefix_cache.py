@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from pathlib import Path
 
 import torch
 
@@ -43,15 +42,12 @@ def _chain(prompt_ids: list[int], blocks: int, block: int) -> list[bytes]:
     return hashes
 
 
-def memory_is_short(meminfo: Path = Path("/proc/meminfo")) -> bool:
-    """True when MemAvailable is under LOW_MEMORY_SHARE of MemTotal."""
-    try:
-        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
-        available = int(fields["MemAvailable"].split()[0])
-        total = int(fields["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError):
-        return False
-    return available < LOW_MEMORY_SHARE * total
+def memory_is_short() -> bool:
+    """True when the available memory is under LOW_MEMORY_SHARE of the PC's RAM."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.available < LOW_MEMORY_SHARE * memory.total
 
 
 class PrefixCache:
@@ -102,16 +98,14 @@ class PrefixCache:
         size = self.block
         blocks = min(len(prompt_ids), cache.length) // size
         buffer = cache.buffer()
+        nbytes = buffer[:, :, :, :size].numel() * buffer.element_size()  # every block's size
+        if blocks == 0 or nbytes > self.budget_bytes:
+            return
         chain = _chain(prompt_ids, blocks, size)
         for i, key in enumerate(chain):
-            if key in self._blocks:
-                continue
-            block = buffer[:, :, :, i * size : (i + 1) * size].clone()
-            nbytes = block.numel() * block.element_size()
-            if nbytes > self.budget_bytes:
-                return
-            self._blocks[key] = block
-            self.bytes += nbytes
+            if key not in self._blocks:
+                self._blocks[key] = buffer[:, :, :, i * size : (i + 1) * size].clone()
+                self.bytes += nbytes
         # The chain's first blocks are its most recent: its ends go out before its start.
         for key in reversed(chain):
             if key in self._blocks:
