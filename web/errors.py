@@ -42,14 +42,13 @@ class TooManyFailures(Retryable):
 
 class Refused(ServiceError):
     """A request waitress answered itself, before Flask (malformed, too slow, too large, past
-    the connection limit): its kind comes from the status waitress chose (`kind_of_status`)."""
+    the connection limit), with the status it chose; its kind is WAITRESS_KINDS'."""
 
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
+    def __init__(self, reason: str, detail: str, status: int):
         self.status = status
-        self.type = HTTP_KINDS.get(status) or next(
-            (kind for kind, code in STATUS.items() if code == status), "internal"
-        )
+        self.type = WAITRESS_KINDS.get(status, "internal")
+        # waitress' own 500 carries a traceback in its detail: the reason alone then
+        super().__init__(reason if self.type == "internal" else f"{reason}: {detail}")
 
 
 # The one status table: each kind of error and the status it is answered with.
@@ -69,10 +68,18 @@ STATUS = {
     "not_implemented": 501,
     "http_version_not_supported": 505,
 }
-# Statuses only the HTTP layer answers, whose kind is answered elsewhere with another status:
-# a request that did not arrive in time (a timeout, 408; an answer that did not: 504), and
-# headers over waitress' limit (too large, 431; a body: 413).
-HTTP_KINDS = {408: "timeout", 431: "too_large"}
+# The kind of each status waitress answers itself (anything else is `internal`): a request
+# that did not arrive in time is a timeout (408; an answer that did not is a 504), headers
+# over its limit are too large (431; a body is a 413).
+WAITRESS_KINDS = {
+    400: "invalid_request",
+    408: "timeout",
+    413: "too_large",
+    431: "too_large",
+    501: "not_implemented",
+    503: "overloaded",
+    505: "http_version_not_supported",
+}
 # Retry-After bounds. Under a second the official OpenAI client would retry at once (it reads
 # retry-after-ms first); above 60 s older clients give up instead of waiting.
 MIN_RETRY_AFTER_S = 1.0

@@ -75,9 +75,7 @@ class JsonErrorTask(ErrorTask):
 
     def execute(self):
         error = self.request.error
-        refusal = Refused(f"{error.reason}: {error.body}", error.code)
-        if refusal.type == "internal":  # waitress' 500 carries a traceback in its body
-            refusal.message = error.reason
+        refusal = Refused(error.reason, error.body, error.code)
         # a request whose headers never ended has no method or path yet
         method = getattr(self.request, "command", None) or ""
         path = getattr(self.request, "path", None) or ""
