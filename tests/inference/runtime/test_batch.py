@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from inference.runtime.batch import FIRST_GUESS_S, Batch, Running
+import pytest
+
+from inference.runtime.batch import FIRST_GUESS_S, FIRST_PREFILL_GUESS_S, Batch, Running
 from inference.runtime.jobs import Delta, Done, Failed, Job, Sampling
 from service.errors import Internal
 from tests.support.fakes import FakeEngine, ids
@@ -30,10 +32,11 @@ def events(job: Job) -> list:
 
 
 def test_jobs_step_together_and_leave_with_done_and_the_times_measured():
-    engine = FakeEngine(token_s=0.001)
+    engine = FakeEngine(token_s=0.001, prefill_token_s=0.01)  # 10 ms per prompt token
     batch = Batch(threading.Condition())
     short, long = running(batch, engine, "ab", max_tokens=1), running(batch, engine, "cd")
-    assert not batch.measured and batch.expected_prefill_s(100) > 0
+    assert not batch.measured
+    assert batch.expected_prefill_s(100) == pytest.approx(100 * FIRST_PREFILL_GUESS_S)
     while batch.entries:
         assert batch.step(engine)
         batch.settle(engine)
@@ -43,6 +46,7 @@ def test_jobs_step_together_and_leave_with_done_and_the_times_measured():
         assert "".join(d.text for d in deltas if isinstance(d, Delta)) == "w1 w2 w3 "[: 3 * tokens]
         assert isinstance(done, Done) and done.usage.completion_tokens == tokens
     assert batch.measured
+    assert batch.expected_prefill_s(100) == pytest.approx(1.0)  # the engine's own prefill
     assert batch.expected_start_s(1, max_batch=1) < FIRST_GUESS_S  # measured, not the guess
     assert batch.expected_start_s(0, max_batch=2) == 0.0  # a free place starts at once
 

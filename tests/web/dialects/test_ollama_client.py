@@ -141,7 +141,9 @@ def test_a_tool_call_round_trip(server):
 
     result = {"role": "tool", "tool_name": "get_weather", "content": '{"weather": "sunny"}'}
     messages = [*ask, first.message, result]  # the message as the client returned it
-    second = api.chat(model=MODEL, messages=messages, tools=[WEATHER], options={"num_predict": 32})
+    second = api.chat(
+        model=MODEL, messages=messages, tools=[WEATHER], options={**GREEDY, "num_predict": 32}
+    )
     assert second.message.content and not second.message.tool_calls
 
 
