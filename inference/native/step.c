@@ -201,33 +201,53 @@ void dc_head_set(Model *m, const int8_t *q, const float *scale) {
 
 /* ---------------------------------------------------------------- the thread pool */
 
-/* A pass is `items` independent work items; thread t takes a fixed contiguous share. The
- * workers spin briefly between passes (a layer's passes are microseconds apart) and then
- * sleep on a condition variable, so an idle server costs no CPU.
+/* A pass is `items` independent work items. Threads claim them in small contiguous chunks
+ * from one shared counter, each as it gets to it, instead of a fixed share per thread: on a
+ * busy PC another program often has one of the threads' CPUs, and with fixed shares the pass
+ * (ten a layer) waited for that thread to be scheduled again; now the threads that run take
+ * its items, and the caller waits only for chunks already begun. Which thread computes an
+ * item changes no bit: every item's values come from the item alone (the kernels' rule), and
+ * `thread` only picks a scratch buffer. The workers spin briefly between passes (a layer's
+ * passes are microseconds apart) and then sleep on a condition variable, so an idle server
+ * costs no CPU.
+ *
+ * The counter is one 64-bit word, `claim`: the pass's generation, its item count and the
+ * next unclaimed item. A thread claims with a compare-and-swap of the whole word, so it can
+ * only ever take items of the pass it read the word of, within that pass's count, even if
+ * it was descheduled for several passes in between (a generation of 20 bits would have to
+ * come round, with the same count and next item, while one thread is off its CPU).
  *
  * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
  * In the server that is the inference thread (inference/runtime/worker.py), which loads the
  * model and runs every step; HTTP threads never call in. That is why the pool needs no lock
- * on its caller's side: started, born, fn, ctx, items and active are plain fields that only
- * the caller writes, only between passes; a worker reads them after the caller's increment
- * of `generation` (a sequentially consistent atomic: it publishes the writes before it) or
- * at its start (pthread_create publishes), and is done with them before its own increment of
- * `done`, which run() waits for before it returns. A second caller at the same time would
- * overwrite a pass in flight. The models' scratch buffers (dc_forward) rest on the same
- * rule. */
+ * on its caller's side: started, born, fn, ctx, chunk and active are fields that only
+ * the caller writes, only between passes (once `finished` has reached the pass's items); a
+ * worker reads them after it read the new `claim` (a sequentially consistent store that
+ * publishes the writes before it) or at its start (pthread_create publishes), and uses fn
+ * and ctx only for items its compare-and-swap claimed in that pass, which the caller waits
+ * for. A second caller at the same time would overwrite a pass in flight. The models'
+ * scratch buffers (dc_forward) rest on the same rule. */
 typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
+
+#define GEN_BITS 20
+#define COUNT_BITS 22 /* items a pass may have, and the next-item field: up to 4M */
+#define COUNT_MASK ((1ull << COUNT_BITS) - 1)
+#define CHUNKS 8 /* a pass in about this many chunks per thread */
 
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
-    int born[MAX_THREADS]; /* per worker: the generation when it was started */
-    atomic_int generation, done, sleepers;
+    unsigned born[MAX_THREADS]; /* per worker: the generation when it was started */
+    _Atomic uint64_t claim; /* generation << 44 | items << 22 | next item */
+    atomic_int finished, sleepers;
     work_fn fn;
     void *ctx;
-    int items, active;
+    atomic_int chunk, active; /* a late worker may read them while the caller sets the next */
     pthread_mutex_t mutex;
     pthread_cond_t wake;
 } pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static inline unsigned gen_of(uint64_t word) { return (unsigned)(word >> (2 * COUNT_BITS)); }
 
 static void relax(void) {
 #if defined(__SSE2__)
@@ -243,39 +263,44 @@ static double now_us(void) {
 
 #define SPIN_US 200.0
 
-static void share(int id, int active, int items, int *begin, int *end) {
-    *begin = (int)((long)items * id / active);
-    *end = (int)((long)items * (id + 1) / active);
+/* Claims and runs chunks of the pass of generation `gen` until none is left (or that pass
+ * is over). */
+static void take_items(unsigned gen, int thread) {
+    for (;;) {
+        uint64_t word = atomic_load(&pool.claim);
+        int items = (int)((word >> COUNT_BITS) & COUNT_MASK), next = (int)(word & COUNT_MASK);
+        if (gen_of(word) != gen || next >= items) return;
+        int end = next + pool.chunk < items ? next + pool.chunk : items;
+        if (!atomic_compare_exchange_weak(&pool.claim, &word, word + (uint64_t)(end - next)))
+            continue;
+        pool.fn(pool.ctx, next, end, thread);
+        atomic_fetch_add(&pool.finished, end - next);
+    }
 }
 
 static void *worker(void *arg) {
     /* A worker started after some passes must not take the last pass, long over, for a new
-     * one: it would add to `done` for the next pass, and run() could return before that
-     * pass's work is all done. So it starts from the generation it was born in. */
-    int id = (int)(intptr_t)arg, seen = pool.born[id];
+     * one, so it starts from the generation it was born in. */
+    int id = (int)(intptr_t)arg;
+    unsigned seen = pool.born[id], gen;
     for (;;) {
         double since = 0;
-        int spins = 0, gen;
-        while ((gen = atomic_load(&pool.generation)) == seen) {
+        int spins = 0;
+        while ((gen = gen_of(atomic_load(&pool.claim))) == seen) {
             relax();
             if (++spins % 256) continue;
             if (!since) since = now_us();
             else if (now_us() - since > SPIN_US) {
                 pthread_mutex_lock(&pool.mutex);
                 atomic_fetch_add(&pool.sleepers, 1);
-                while (atomic_load(&pool.generation) == seen)
+                while (gen_of(atomic_load(&pool.claim)) == seen)
                     pthread_cond_wait(&pool.wake, &pool.mutex);
                 atomic_fetch_sub(&pool.sleepers, 1);
                 pthread_mutex_unlock(&pool.mutex);
             }
         }
         seen = gen;
-        if (id < pool.active) {
-            int begin, end;
-            share(id, pool.active, pool.items, &begin, &end);
-            if (begin < end) pool.fn(pool.ctx, begin, end, id);
-        }
-        atomic_fetch_add(&pool.done, 1);
+        if (id < pool.active) take_items(gen, id);
     }
     return NULL;
 }
@@ -283,7 +308,7 @@ static void *worker(void *arg) {
 static int pool_grow(int threads) {
     while (pool.started < threads - 1) {
         /* between passes: no one moves the generation (pthread_create publishes this) */
-        pool.born[pool.started + 1] = atomic_load(&pool.generation);
+        pool.born[pool.started + 1] = gen_of(atomic_load(&pool.claim));
         if (pthread_create(&pool.thread[pool.started], NULL, worker,
                            (void *)(intptr_t)(pool.started + 1)))
             return -1;
@@ -292,30 +317,29 @@ static int pool_grow(int threads) {
     return 0;
 }
 
-/* Runs fn over [0, items) on `threads` threads (the caller is thread 0). Only the one
- * calling thread enters (see the pool): it returns once every worker has finished. */
+/* Runs fn over [0, items) on up to `threads` threads (the caller is thread 0). Only the one
+ * calling thread enters (see the pool): it returns once every item is done. */
 static void run(int threads, work_fn fn, void *ctx, int items) {
-    if (threads <= 1 || items <= 1) {
+    if (threads <= 1 || items <= 1 || (uint64_t)items > COUNT_MASK) {
         if (items > 0) fn(ctx, 0, items, 0);
         return;
     }
     if (threads > items) threads = items;
     pool.fn = fn;
     pool.ctx = ctx;
-    pool.items = items;
     pool.active = threads;
-    atomic_store(&pool.done, 0);
-    atomic_fetch_add(&pool.generation, 1);
+    pool.chunk = (items + threads * CHUNKS - 1) / (threads * CHUNKS);
+    atomic_store(&pool.finished, 0);
+    unsigned gen = (gen_of(atomic_load(&pool.claim)) + 1) & ((1u << GEN_BITS) - 1);
+    atomic_store(&pool.claim, (uint64_t)gen << (2 * COUNT_BITS) | (uint64_t)items << COUNT_BITS);
     if (atomic_load(&pool.sleepers)) {
         pthread_mutex_lock(&pool.mutex);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.mutex);
     }
-    int begin, end;
-    share(0, threads, items, &begin, &end);
-    if (begin < end) fn(ctx, begin, end, 0);
+    take_items(gen, 0);
     int spins = 0;
-    while (atomic_load(&pool.done) < pool.started)
+    while (atomic_load(&pool.finished) < items)
         if (++spins % 1024) relax();
         else sched_yield();
 }
