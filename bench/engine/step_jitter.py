@@ -1,13 +1,16 @@
 """The decode-step times of the engine alone in this process: no HTTP, no queue, no noise.
 
     python -m bench.engine.step_jitter [--model qwen-shape|embedded|DIR] [--threads N] [--answers 8]
+                                      [--noise cpu|bursts]
 
 Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
 says how much of their spread the machine itself adds with nothing else involved. It prints
 the latency table's summary (p50 ... p99.9, max, `jitter` = p99/p50) of the wall time of
 each step after the first token, the same for the thread's CPU time (equal to the wall time
 when the thread was never descheduled: then the spread comes from below the OS, e.g. a VM's
-host), and the 1-minute load average.
+host), and the 1-minute load average. `--noise cpu` runs the steps beside one busy process per
+CPU (bench/serving/noise.py's condition): the step's own loss to a busy PC, without the HTTP
+and the client that the latency bench adds.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="[default: the server's]")
     parser.add_argument("--answers", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--noise", choices=("quiet", "cpu", "bursts"), default="quiet")
     args = parser.parse_args(argv)
     if args.max_tokens < 2 or args.answers < 1:
         parser.error(
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             "--answers 1 or more"
         )
 
+    from bench.serving.noise import Noise
     from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
 
@@ -59,19 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     budget = answer_budget(len(prompt_ids), args.max_tokens, engine.context_tokens)
     wall, cpu = [], []
     load_before = os.getloadavg()[0]
-    for _ in range(args.answers):
-        stream = engine.open(prompt_ids, Sampling(max_tokens=budget))
-        first = True
-        while stream.finish is None:
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            engine.step([stream])
-            if not first:  # the first step is the prefill
-                wall.append((time.perf_counter() - start) * 1000)
-                cpu.append((time.thread_time() - start_cpu) * 1000)
-            first = False
-        engine.close(stream)
+    with Noise(args.noise, seconds=3600):
+        for _ in range(args.answers):
+            answer(engine, prompt_ids, Sampling(max_tokens=budget), wall, cpu)
     report = {
         "threads": threads,
+        "noise": args.noise,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "steps": len(wall),
         "load_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -79,6 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_ms"], report["cpu_ms"] = summary(wall), summary(cpu)
     print(json.dumps(report))
     return 0
+
+
+def answer(engine, prompt_ids, sampling, wall: list, cpu: list) -> None:
+    """One answer, its decode steps' wall and CPU milliseconds appended (not the prefill)."""
+    stream = engine.open(prompt_ids, sampling)
+    first = True
+    while stream.finish is None:
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        engine.step([stream])
+        if not first:  # the first step is the prefill
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.thread_time() - start_cpu) * 1000)
+        first = False
+    engine.close(stream)
 
 
 if __name__ == "__main__":
