@@ -131,10 +131,10 @@ class Config:
     )
     thread_policy: str = _setting(
         "adaptive",
-        "adaptive (one inference thread while other programs keep the CPUs busy, that is "
-        "while one of its threads spent a quarter of the last second or more waiting for a "
-        "CPU; --threads again after a few quiet seconds; int8 and int8-row only, other "
-        "quantizations keep --threads) or fixed (always --threads); docs/latency.md.",
+        "adaptive (one thread or --threads, whichever measured faster lately: now and then "
+        "a few steps run on the other count and are compared with the serving count's "
+        "steps of the same size; int8 and int8-row only, other quantizations keep "
+        "--threads) or fixed (always --threads); docs/latency.md.",
         choices=THREAD_POLICIES,
     )
     quantize: str = _setting(

@@ -100,8 +100,8 @@ class _LiveState:
         governor = self.runtime.thread_governor
         yield GaugeMetricFamily(
             "deskchat_inference_threads",
-            "OpenMP threads the next step runs on (--thread-policy adaptive: 1 while other "
-            "programs keep the CPUs busy).",
+            "Threads the steps are served on (--thread-policy adaptive: 1 or --threads, "
+            "whichever measured faster lately).",
             governor.threads if governor is not None else self.config.threads,
         )
         yield CounterMetricFamily(

@@ -1,13 +1,13 @@
-"""How many OpenMP threads the next step gets: all of them, or one while others want the CPUs.
+"""How many threads the next step gets: the count whose steps measured faster lately.
 
-Why: a step's matrix work is split over the OpenMP threads, which meet after every op; when
-other programs keep the CPUs busy, one of them is often descheduled and the whole token waits
-for it (docs/latency.md, has the measured cost, and what one thread saves). So
-before a step the inference thread looks, at most once a second, at how long each of its
-threads waited for a CPU (the run-queue delay the kernel keeps per thread in
-/proc/self/task/TID/schedstat): if any waited a large share of the span, the next steps run
-on one thread; after a few quiet seconds they get all of them again, probing less and less
-often while the contention lasts.
+Why: a step's matrix work is split over the threads. On a quiet PC two threads are faster
+than one; beside busy programs the answer depends on the step (the native step's threads
+take each other's work, docs/native.md; torch's meet after every op) and on the load, so
+it is measured, not guessed: now and then a few steps run on the other count (a probe), and
+their forward times are compared with the current count's recent ones for steps of the same
+size. The faster count serves until the next probe. Probes that confirm the count come less
+and less often (a probe's steps may be slower: on a quiet PC they are rare), one that
+changes it brings the next one soon.
 
 The count changes between steps only, and only where the answer cannot change with it
 (THREAD_INVARIANT).
@@ -16,20 +16,21 @@ The count changes between steps only, and only where the answer cannot change wi
 from __future__ import annotations
 
 import logging
-import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
-
-from inference.host.process import INFERENCE_THREAD_NAME
 
 log = logging.getLogger("deskchat.threads")
 
-INTERVAL_S = 1.0  # the shortest span a look judges
-DOWN_AT = 0.25  # share of its time one inference thread waited for a CPU: contention
-UP_BELOW = 0.05  # ... every thread below this: quiet
-PROBE_S = 4.0  # quiet this long on one thread before all threads are tried again
-MAX_PROBE_S = 64.0  # the wait doubles each time a try meets contention at once, up to this
-AWAKE = 0.5  # a span in which the threads ran or waited less than this share slept: not judged
+# Waits are in seconds of forwards (time spent stepping), so an idle server does not probe
+# at the first step of the next request.
+PROBE_S = 2.0  # first wait before a probe, and after a probe that changed the count
+MAX_PROBE_S = 32.0  # the wait doubles after each probe that kept the count, up to this
+PROBE_STEPS = 6  # steps a probe runs on the other count; the first is not counted (wake-up)
+RECENT = 8  # the current count's latest steps of a size that a probe is compared with ...
+RECENT_S = 20.0  # ... if they are no older than this (wall time): the load changes
+BETTER_BY = 0.9  # the other count must be this much faster (its median time, as a ratio)
 
 # Quantizations whose forward gives the same bits on one thread or several: their GEMMs are
 # integer (exact) and the float ops around them split no sums by thread
@@ -38,119 +39,86 @@ AWAKE = 0.5  # a span in which the threads ran or waited less than this share sl
 # near-tie could otherwise change an answer when the count changes.
 THREAD_INVARIANT = frozenset({"int8", "int8-row"})
 
-Sample = dict[int, tuple[int, int]]  # thread id -> (ns running, ns waiting for a CPU)
+Forward = tuple[int, float]  # a step's forward: (rows, seconds)
 
 
-def thread_waits(name: str = INFERENCE_THREAD_NAME, tasks: str = "/proc/self/task") -> Sample:
-    """Each thread called `name` (the inference thread and the OpenMP threads it started,
-    which inherit its name): its time running and its time runnable but waiting for a CPU."""
-    found: Sample = {}
-    with os.scandir(tasks) as entries:
-        for task in entries:
-            try:
-                with open(os.path.join(task.path, "comm")) as comm:
-                    if comm.read().strip() != name:
-                        continue
-                with open(os.path.join(task.path, "schedstat")) as stat:
-                    ran, waited = stat.read().split()[:2]
-                found[int(task.name)] = (int(ran), int(waited))
-            except (OSError, ValueError):  # the thread ended meanwhile
-                continue
-    return found
-
-
-def schedstat_readable() -> bool:
-    """False in a kernel without per-thread schedstat (no CONFIG_SCHED_INFO)."""
-    return os.path.exists("/proc/thread-self/schedstat")
+def size_class(rows: int) -> int:
+    """Steps compared with each other: rows within a power of two (a decoding stream with
+    more or fewer drafted tokens, a prompt chunk)."""
+    return rows.bit_length()
 
 
 class ThreadGovernor:
-    """Call `tick()` in the inference thread before each step: it sets torch's thread count
-    (which is the calling thread's own OpenMP setting)."""
+    """Call `tick(last)` in the inference thread before each step, with the forward the last
+    step ran (or None): it sets the thread count (torch's, the calling thread's own OpenMP
+    setting, which the native step follows)."""
 
     def __init__(
         self,
         most: int,
         set_threads: Callable[[int], None] | None = None,
-        sample: Callable[[], Sample] = thread_waits,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.most = most
         self.threads = most
-        self.changes = 0  # how often the count changed (metrics)
+        self.changes = 0  # how often the serving count changed (metrics)
         if set_threads is None:
             import torch  # here, not at import: server.py imports this before torch is needed
 
             set_threads = torch.set_num_threads
         self._set_threads = set_threads
-        self._sample = sample
         self._clock = clock
-        self._last: tuple[float, Sample] | None = None
-        self._quiet_since: float | None = None
-        self._probe_s = PROBE_S
-        self._probing = False  # all threads were just tried again: the next look tells
+        self._wait_s = PROBE_S
+        self._stepped = 0.0  # seconds of forwards since the last decision
+        self._probing: list[Forward] = []  # the probe's steps so far
+        # (threads, size class) -> the latest (when, seconds) of its steps
+        self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}
+        self._running = most  # the count the next step runs on (a probe's or the serving one)
 
-    def tick(self) -> None:
-        """Look at the threads' waiting since the last look, if a whole interval has passed."""
-        now = self._clock()
-        if self._last is not None and now - self._last[0] < INTERVAL_S:
-            return
-        try:
-            sample = self._sample()
-        except OSError:  # e.g. out of file descriptors: skip this look, not the step
-            return
-        last, self._last = self._last, (now, sample)
+    def tick(self, last: Forward | None) -> None:
         if last is None:
             return
-        span_ns = (now - last[0]) * 1e9
-        shares, awake = [], 0.0
-        for tid, (ran, waited) in sample.items():
-            if tid not in last[1]:
-                continue  # new since the last look (or missed then): its past is not this span
-            ran0, waited0 = last[1][tid]
-            busy = (ran - ran0) + (waited - waited0)
-            if busy > 0:
-                shares.append((waited - waited0) / busy)
-                awake = max(awake, busy / span_ns)
-        if awake < AWAKE:
-            # Mostly asleep (no job ran): this span says nothing about the others' load,
-            # and it is not quiet time either.
-            self._quiet_since = None
-            return
-        self._judge(max(shares), last[0], now)
+        now = self._clock()
+        rows, seconds = last
+        self._stepped += seconds
+        key = (self._running, size_class(rows))
+        self._recent.setdefault(key, deque(maxlen=RECENT)).append((now, seconds))
+        if self._running != self.threads:
+            self._probing.append(last)
+            if len(self._probing) >= PROBE_STEPS:
+                self._decide(now)
+        elif self._stepped >= self._wait_s:
+            self._probing = []
+            self._run_on(1 if self.threads == self.most else self.most)
 
-    def _judge(self, share: float, since: float, now: float) -> None:
-        """Two states. At `most` threads: the most-waiting thread at DOWN_AT or more -> one
-        thread, and if that came at the first look after a try, the next try waits twice as
-        long. At one thread: every thread under UP_BELOW since `_quiet_since` for the current
-        probe time -> `most` again."""
-        probing, self._probing = self._probing, False
-        if self.threads == self.most:
-            if share >= DOWN_AT:
-                self._probe_s = min(2 * self._probe_s, MAX_PROBE_S) if probing else PROBE_S
-                self._quiet_since = None
-                self._set(1, share, now - since)
-            return
-        if share >= UP_BELOW:
-            self._quiet_since = None
-            return
-        if self._quiet_since is None:
-            self._quiet_since = since
-        if now - self._quiet_since >= self._probe_s:
-            self._probing = True
-            self._set(self.most, share, now - since)
+    def _decide(self, now: float) -> None:
+        """After a probe: the probe's count serves if its steps were faster than the serving
+        count's recent steps of the same size, by BETTER_BY."""
+        other, probe = self._running, self._probing[1:]
+        size = statistics.mode(size_class(rows) for rows, _s in probe)
+        theirs = [s for rows, s in probe if size_class(rows) == size]
+        recent = self._recent.get((self.threads, size), ())
+        ours = [s for when, s in recent if now - when <= RECENT_S]
+        faster = bool(ours) and statistics.median(theirs) < BETTER_BY * statistics.median(ours)
+        if faster:
+            log.info(
+                "inference threads %d -> %d (steps of %d+ rows: %.1f ms against %.1f ms)",
+                self.threads,
+                other,
+                1 << (size - 1),
+                1000 * statistics.median(theirs),
+                1000 * statistics.median(ours),
+            )
+            self.threads = other
+            self.changes += 1
+            self._wait_s = PROBE_S
+        else:
+            self._wait_s = min(2 * self._wait_s, MAX_PROBE_S) if ours else PROBE_S
+            self._run_on(self.threads)
+        self._stepped = 0.0
 
-    def _set(self, threads: int, share: float, span_s: float) -> None:
-        log.info(
-            "inference threads %d -> %d (the most a thread waited for a CPU: %.0f%% of the "
-            "last %.1f s)",
-            self.threads,
-            threads,
-            100 * share,
-            span_s,
-        )
-        self.threads = threads
-        self.changes += 1
+    def _run_on(self, threads: int) -> None:
+        self._running = threads
         self._set_threads(threads)
 
 
@@ -159,13 +127,9 @@ def governor_for(policy: str, quantize: str, threads: int) -> ThreadGovernor | N
     one INFO line says why)."""
     if policy != "adaptive" or threads <= 1:
         return None
-    why = None
     if quantize not in THREAD_INVARIANT:
         why = f"quantize={quantize} changes in the last bits with the thread count"
-    elif not schedstat_readable():
-        why = "this kernel keeps no per-thread schedstat"
-    if why:
         log.info("--thread-policy adaptive: kept at %d threads (%s)", threads, why)
         return None
-    log.info("inference threads: adaptive, %d, or 1 while others keep the CPUs busy", threads)
+    log.info("inference threads: adaptive, 1 or %d, whichever measures faster", threads)
     return ThreadGovernor(threads)

@@ -51,6 +51,7 @@ class StreamLike(Protocol):
 class EngineLike(Protocol):
     name: str
     batch_invariant: bool  # a row's result is the same alone or beside others
+    last_forward: tuple[int, float] | None  # the last step's forward: (rows, seconds)
 
     def open(self, prompt_ids, sampling: Sampling) -> StreamLike: ...
 

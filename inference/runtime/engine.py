@@ -133,6 +133,7 @@ class Engine:
         self.batch_invariant = self.decoder.rows_independent()
         self.speculate = speculate and self.batch_invariant
         self.drafted_tokens = self.accepted_tokens = 0  # all streams' drafts, since start
+        self.last_forward: tuple[int, float] | None = None  # (rows, seconds): threads.py
         # Prompt prefixes' keys and values, shared by every stream (none when the budget is 0).
         # Elsewhere than on per-row weights a prefix's bits depend on how it was chunked:
         # only prompts (prefilled in fixed PREFILL_BLOCK chunks) are kept there, not answers.
@@ -216,7 +217,9 @@ class Engine:
             return
         started = time.perf_counter()
         logits = self.decoder.forward(plan.segments)  # run them, all streams in one forward
-        _share_prefill_time(plan, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.last_forward = (sum(len(segment.ids) for segment in plan.segments), seconds)
+        _share_prefill_time(plan, *self.last_forward)
         drafted, accepted = accept(plan, logits, self.eos_ids, self.pieces)  # their tokens
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -250,10 +253,9 @@ class Engine:
         return result
 
 
-def _share_prefill_time(plan, seconds: float) -> None:
-    """Give each prompt chunk of the step its rows' share of the forward's time (a row costs
-    about the same whichever stream it is: the weights are read once for all of them)."""
-    rows = sum(len(segment.ids) for segment in plan.segments)
+def _share_prefill_time(plan, rows: int, seconds: float) -> None:
+    """Give each prompt chunk of the step its rows' share of the forward's `seconds` (a row
+    costs about the same whichever stream it is: the weights are read once for all of them)."""
     for stream, segment in zip(plan.streams, plan.segments, strict=True):
         if not segment.decoding:
             stream.prefill_s += seconds * len(segment.ids) / rows

@@ -38,13 +38,14 @@ class Worker:
         max_queue: int,
         max_batch: int = 1,
         batch_memory: int | None = None,
-        pace: Callable[[], None] | None = None,
+        pace: Callable[[tuple[int, float] | None], None] | None = None,
     ):
         self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
         self.max_batch = max_batch
         self.batch_memory = batch_memory  # bytes of KV cache for all running jobs; None: any
-        # Called in the thread before each step (inference/host/threads.py: the thread count).
+        # Called in the thread before each step with the engine's last forward
+        # (inference/host/threads.py: the thread count).
         self.pace = pace
         # The FIFO of waiting jobs. One lock guards it and the batch: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.
@@ -235,7 +236,7 @@ class Worker:
                     self._wait_for_work()
                     continue
                 if self.pace is not None:
-                    self.pace()
+                    self.pace(self.engine.last_forward)
                 self._step()
         except BaseException:  # the thread is going down: every job still gets its end
             self._stopping.set()  # refuse new jobs before the thread is gone for good

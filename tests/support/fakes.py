@@ -62,6 +62,7 @@ class FakeEngine:
         self.samplings: list = []  # the Sampling of each job, in the same order
         self.tokens_made: list[int] = []  # tokens produced per job
         self.batch_sizes: list[int] = []  # streams per step
+        self.last_forward: tuple[int, float] | None = None
         self.started = threading.Event()
 
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
@@ -79,10 +80,12 @@ class FakeEngine:
     def step(self, streams: list[FakeStream]) -> None:
         active = [s for s in streams if s.finish is None]
         self.batch_sizes.append(len(active))
+        started = time.perf_counter()
         for stream in active:
             time.sleep(stream.prefill_s)
             stream.prefill_s = 0.0
         time.sleep(self.token_s)
+        self.last_forward = (len(active), time.perf_counter() - started)
         for stream in active:
             stream.completion_tokens += 1
             made = stream.completion_tokens

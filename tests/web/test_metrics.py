@@ -115,8 +115,8 @@ def test_state_gauges_model_info_and_process_collectors(fake_server):
     assert value(samples, "deskchat_queue_depth") == 0
     assert value(samples, "deskchat_running_jobs") == 0
     assert value(samples, "deskchat_inference_threads") == server.config.threads
-    # --thread-policy adaptive, after it saw contention
-    server.runtime.thread_governor = governor = ThreadGovernor(2, lambda n: None, dict)
+    # --thread-policy adaptive, after one thread measured faster
+    server.runtime.thread_governor = governor = ThreadGovernor(2, lambda n: None)
     governor.threads, governor.changes = 1, 3
     samples = scrape(server.url)
     assert value(samples, "deskchat_inference_threads") == 1
