@@ -215,8 +215,8 @@ def plan_for(config: Config):
     lib = None
     if config.native:
         facts = cpu.detect()
-        isa = build.for_cpu(cpu.choose(facts).isa, facts.flags)
-        lib = library.load(isa, Path(config.cache_dir) / "native")
+        levels = tuple(build.runnable(cpu.choose(facts).isa, facts.flags))
+        lib = library.load(levels, Path(config.cache_dir) / "native")
     return cpu.plan_here(config.quantize, config.int8_engine, lib)
 
 

@@ -1,11 +1,11 @@
 """Builds the native decode step (step.c) with this PC's C compiler, for its instruction set.
 
-One shared library per instruction-set level (avx2, avx, sse4.2 or plain x86-64), named by
-a hash of the source and the flags, so a change of either builds afresh and an unchanged
-one is found again. `make install` and system/install.sh
+One shared library per instruction-set level (avx-vnni, avx512-vnni, avx2, avx, sse4.2 or
+plain x86-64), named by a hash of the source and the flags, so a change of either builds
+afresh and an unchanged one is found again. `make install` and system/install.sh
 build it; the server builds it on start when it is missing and the folder is writable.
 Nothing here touches the network. `python -m inference.native.build` builds for this CPU
-and prints the library's path (or why not, exit 1).
+(its best level that compiles) and prints the library's path (or why not, exit 1).
 """
 
 from __future__ import annotations
@@ -23,14 +23,34 @@ from pathlib import Path
 log = logging.getLogger("deskchat.native")
 
 SOURCE = Path(__file__).with_name("step.c")
-# Per level: what the compiler may use. avx512 CPUs take the avx2 build (no AVX-512 kernel
-# yet); the SSE4.2 build is SSSE3's integer products, which every such CPU has.
+# Per level, preferred first: what the compiler may use. The VNNI levels are the avx2 build
+# with vpdpbusd for the integer products (step.c's dot4): AVX-VNNI's VEX form (Alder Lake and
+# newer), else AVX-512 VNNI's EVEX one at the same 256 bits (Ice Lake, Cascade Lake; 256 for
+# the rest of the code too, as the avx2 build has it). The SSE4.2 build is SSSE3's integer
+# products, which every such CPU has.
 ISA_FLAGS = {
+    "avx-vnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"],
+    "avx512-vnni": [
+        *("-mavx2", "-mfma", "-mf16c", "-mavx512vnni", "-mavx512vl"),
+        "-mprefer-vector-width=256",
+    ],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx": ["-mavx"],
     "sse4.2": ["-msse4.2"],
     "older": [],
 }
+# Per level: the CPU generation (inference/host/cpu.py's isa_level, capped at torch's kernel
+# level) it needs at least, and the flags beyond that generation's own. The avx2 builds
+# convert the float16 KV cache with F16C, which a VM may hide.
+NEEDS = {
+    "avx-vnni": ("avx2", frozenset({"f16c", "avx_vnni"})),
+    "avx512-vnni": ("avx512", frozenset({"f16c", "avx512_vnni", "avx512vl"})),
+    "avx2": ("avx2", frozenset({"f16c"})),
+    "avx": ("avx", frozenset()),
+    "sse4.2": ("sse4.2", frozenset()),
+    "older": ("older", frozenset()),
+}
+# A generation named without its flags (--isa avx512): the build every such CPU runs.
 LEVEL_OF = {"avx512": "avx2"}
 # Every level gets COMMON_FLAGS; only ISA_FLAGS differ. -ffp-contract=off is what batch
 # invariance and "the same bits on every build" rest on: with it on, GCC would fuse a * b + c
@@ -53,13 +73,19 @@ def level(isa: str) -> str:
     return isa if isa in ISA_FLAGS else "older"
 
 
+def runnable(isa: str, flags: frozenset[str]) -> list[str]:
+    """The levels a CPU of generation `isa` with these flags runs, preferred first: those of
+    its generation or older whose flags it has (an AVX2 CPU that hides f16c runs avx)."""
+    from inference.host.cpu import ISA_LEVELS, OLDER
+
+    order = [name for name, _ in ISA_LEVELS] + [OLDER]
+    allowed = order[order.index(isa) :]
+    return [lvl for lvl, (gen, needs) in NEEDS.items() if gen in allowed and needs <= flags]
+
+
 def for_cpu(isa: str, flags: frozenset[str]) -> str:
-    """The generation to build and load for a CPU of generation `isa` with these flags: the
-    avx2 build converts the float16 KV cache with F16C, so an AVX2 CPU (or VM) that hides
-    f16c takes the avx build."""
-    if level(isa) == "avx2" and "f16c" not in flags:
-        return "avx"
-    return isa
+    """The level to build and load for a CPU of generation `isa` with these flags."""
+    return runnable(isa, flags)[0]
 
 
 def library_dir() -> Path:
@@ -133,16 +159,22 @@ def build(isa: str, folder: Path | None = None) -> Path:
     return path
 
 
-def this_cpu() -> str:
-    """This CPU's generation, as the server's plan names it (capped by ATEN_CPU_CAPABILITY)."""
+def runnable_here() -> list[str]:
+    """The levels this CPU runs, preferred first, from its generation as the server's plan
+    names it (capped by ATEN_CPU_CAPABILITY) and its flags."""
     from inference.host import cpu
 
     try:
         facts = cpu.detect()
     except ImportError:  # an install without torch yet: the kernel's flags alone
         flags = cpu.proc_flags() or frozenset()
-        return for_cpu(cpu.isa_level(flags), flags)
-    return for_cpu(cpu.isa_level(facts.flags, facts.capability), facts.flags)
+        return runnable(cpu.isa_level(flags), flags)
+    return runnable(cpu.isa_level(facts.flags, facts.capability), facts.flags)
+
+
+def this_cpu() -> str:
+    """This CPU's level."""
+    return runnable_here()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,12 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isa", choices=[*ISA_FLAGS, "avx512"], help="default: this CPU's")
     parser.add_argument("--dir", type=Path, help="default: " + str(library_dir()))
     args = parser.parse_args(argv)
-    try:
-        print(build(args.isa or this_cpu(), args.dir))
-    except BuildError as exc:
-        print(f"native decode step not built: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    problem = None
+    # this CPU's levels in turn: a compiler too old for -mavxvnni (GCC 10) builds avx2
+    for isa in [args.isa] if args.isa else runnable_here():
+        try:
+            print(build(isa, args.dir))
+            return 0
+        except BuildError as exc:
+            problem = problem or exc
+    print(f"native decode step not built: {problem}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

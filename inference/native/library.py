@@ -27,6 +27,7 @@ _F = ctypes.c_float
 _SIGNATURES = {
     "dc_abi": (_I, []),
     "dc_isa": (ctypes.c_char_p, []),
+    "dc_cpu_ok": (_I, []),
     "dc_model_new": (_P, [_I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P]),
     "dc_model_free": (None, [_P]),
     "dc_layer_set": (_I, [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
@@ -48,6 +49,8 @@ class Library:
         if self.dll.dc_abi() != ABI_VERSION:
             raise OSError(f"{path.name} speaks ABI {self.dll.dc_abi()}, not {ABI_VERSION}")
         self.isa = self.dll.dc_isa().decode()
+        if not self.dll.dc_cpu_ok():  # before any step: a missing instruction is SIGILL
+            raise OSError(f"this CPU's CPUID lacks what the {self.isa} build uses")
 
     def linear(self, q, scale, bias, x: torch.Tensor) -> torch.Tensor:
         """x [rows, k] float32 through the int8 weight q [n, k] with per-row scales."""
@@ -77,20 +80,28 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 @functools.cache
-def load(isa: str, spare: Path | None = None) -> Library | None:
-    """The library for a CPU of generation `isa`: the one `make install` built, else one
-    built now (into the venv, or `spare` where the venv is read-only, as under systemd);
-    None, and one WARNING line saying what that costs, when neither can be had.
-    DESKCHAT_NATIVE_ISA caps the level (old-CPU builds tried on a newer CPU)."""
-    isa = os.environ.get("DESKCHAT_NATIVE_ISA") or isa
+def load(levels: tuple[str, ...], spare: Path | None = None) -> Library | None:
+    """The library of the first of `levels` (build.runnable's, preferred first) that can be
+    had: the one `make install` built, else one built now (into the venv, or `spare` where
+    the venv is read-only, as under systemd). A level whose build fails (GCC 10 knows no
+    -mavxvnni) or that the CPUID refuses gives way to the next, with an INFO line; None, and
+    one WARNING line saying what that costs, when none can be had. DESKCHAT_NATIVE_ISA names
+    the one level to use (old-CPU builds tried on a newer CPU)."""
+    forced = os.environ.get("DESKCHAT_NATIVE_ISA")
+    levels = (forced,) if forced else levels
     folders = [build.library_dir(), *([spare] if spare else [])]
     problem = None
-    for folder in folders:
-        try:
-            path = build.built(isa, folder) or build.build(isa, folder)
-            return Library(path)
-        except (build.BuildError, OSError) as exc:
-            problem = problem or exc
+    for isa in levels:
+        for folder in folders:
+            try:
+                library = Library(build.built(isa, folder) or build.build(isa, folder))
+            except (build.BuildError, OSError) as exc:
+                problem = problem or exc
+                continue
+            if isa != levels[0]:
+                why = " ".join(str(problem).split())[:200]
+                log.info("native %s build unavailable (%s): %s serves", levels[0], why, isa)
+            return library
     log.warning(
         "native decode step unavailable (%s): the torch step serves, 2-4x slower per token "
         "(docs/native.md)",

@@ -11,8 +11,9 @@
  * channel; products use the sign trick (at dot_rows), whose pair sums never saturate:
  * 8-bit rows on every CPU. Float code is compiled without FMA contraction (at emit).
  *
- * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, -mavx, -msse4.2 or plain
- * x86-64); the same source serves each, by the macros below.
+ * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, plus -mavxvnni or
+ * -mavx512vnni -mavx512vl for VNNI's vpdpbusd; -mavx, -msse4.2 or plain x86-64); the same
+ * source serves each, by the macros below.
  */
 #include <math.h>
 #include <pthread.h>
@@ -117,7 +118,11 @@ typedef struct {
 
 /* The build's level, as inference/native/build.py names it */
 const char *dc_isa(void) {
-#if defined(__AVX2__)
+#if defined(__AVX512VNNI__)
+    return "avx512-vnni";
+#elif defined(__AVXVNNI__)
+    return "avx-vnni";
+#elif defined(__AVX2__)
     return "avx2";
 #elif defined(__AVX__)
     return "avx";
@@ -129,6 +134,34 @@ const char *dc_isa(void) {
 }
 
 int dc_abi(void) { return ABI_VERSION; }
+
+/* 1 when this CPU has what the build's own instructions need, by CPUID: the level is chosen
+ * from /proc/cpuinfo, which under qemu-user is the host's, not the emulated CPU's (an
+ * emulated Haswell on an Alder Lake host would die of SIGILL in vpdpbusd). */
+int dc_cpu_ok(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+#if defined(__AVX512VNNI__)
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vl")) return 0;
+#endif
+#if defined(__AVXVNNI__)
+    if (!__builtin_cpu_supports("avxvnni")) return 0;
+#endif
+#if defined(__AVX2__)
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+#endif
+#if defined(__F16C__)
+    if (!__builtin_cpu_supports("f16c")) return 0;
+#endif
+#if defined(__AVX__)
+    if (!__builtin_cpu_supports("avx")) return 0;
+#endif
+#if defined(__SSE4_2__)
+    if (!__builtin_cpu_supports("sse4.2")) return 0;
+#endif
+#endif
+    return 1;
+}
 
 Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_dim, int inter,
                     int vocab, int context, float eps, float scaling, const float *cos,
@@ -423,31 +456,60 @@ static inline int32_t hsum(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* acc + in each int32 lane the sum of its 4 byte products u x s (u unsigned, s signed).
+ * VNNI's vpdpbusd does it in one instruction and never saturates; without VNNI pmaddubsw
+ * sums pairs into 16 bits (saturating) and pmaddwd by ones adds the pairs. Within the sign
+ * trick's bounds (dot_rows) both give each lane the same exact integer: the same bits on
+ * every build. 256-bit on both VNNI builds (AVX-VNNI is VEX, 256 at most; the EVEX one
+ * keeps the same width). */
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+/* vpdpbusd adds into its accumulator with a latency of several cycles: a row's blocks of 32
+ * alternate between 2 accumulators so the next one starts before the last ends (faster
+ * products on the Zen 5 VM, dc_linear timed alone). Without VNNI the add is a 1-cycle paddd,
+ * and 2 measured slower. Integer sums: the same bits in any grouping. */
+#define CHAINS 2
+#else
+#define CHAINS 1
+#endif
+static inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    __m256i pairs = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+
 /* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32.
  *
- * The sign trick: the only 8-bit multiply-add, pmaddubsw (_mm256_maddubs_epi16), takes an
- * UNSIGNED byte times a signed byte, and both w and x are signed. So the unsigned side is
- * |w| (psignb of w by itself) and w's sign moves onto x (psignb of x by w: negated where
- * w < 0, zero where w == 0); |w| * (x * sign w) = w * x. Both are in [-127, 127] (the
- * quantizers never give -128, which psignb could not negate), so a pair sum is at most
- * 2 x 127 x 127 = 32,258 and never saturates pmaddubsw's 16 bits: every product is exact,
- * with all 8 bits of the row. pmaddwd by ones then adds pairs into exact 32-bit sums. */
+ * The sign trick: the 8-bit multiply-adds, pmaddubsw (_mm256_maddubs_epi16) and VNNI's
+ * vpdpbusd, take an UNSIGNED byte times a signed byte, and both w and x are signed. So the
+ * unsigned side is |w| (psignb of w by itself) and w's sign moves onto x (psignb of x by w:
+ * negated where w < 0, zero where w == 0); |w| * (x * sign w) = w * x. Both are in
+ * [-127, 127] (the quantizers never give -128, which psignb could not negate), so a pair sum
+ * is at most 2 x 127 x 127 = 32,258 and never saturates pmaddubsw's 16 bits: every product
+ * is exact, with all 8 bits of the row, and dot4 adds them into exact 32-bit sums. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[ROWS];
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
-    for (int i = 0; i < k; i += 32) {
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i aw = _mm256_sign_epi8(wv, wv); /* |w|: pmaddubsw's unsigned operand */
-        for (int r = 0; r < nr; r++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)r * k + i));
-            /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
-            __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+    __m256i acc[CHAINS][ROWS];
+    for (int h = 0; h < CHAINS; h++)
+        for (int r = 0; r < nr; r++) acc[h][r] = _mm256_setzero_si256();
+    for (int i = 0; i < k; i += 32 * CHAINS)
+        for (int h = 0; h < CHAINS && i + 32 * h < k; h++) {
+            const int8_t *wi = w + i + 32 * h, *xi = x + i + 32 * h;
+            __m256i wv = _mm256_loadu_si256((const __m256i *)wi);
+            __m256i aw = _mm256_sign_epi8(wv, wv); /* |w|: the unsigned operand */
+            for (int r = 0; r < nr; r++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * k));
+                /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
+                acc[h][r] = dot4(acc[h][r], aw, _mm256_sign_epi8(xv, wv));
+            }
         }
-    }
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
+    for (int h = 1; h < CHAINS; h++)
+        for (int r = 0; r < nr; r++) acc[0][r] = _mm256_add_epi32(acc[0][r], acc[h][r]);
+    for (int r = 0; r < nr; r++) out[r] = hsum(acc[0][r]);
 }
 #elif defined(__SSSE3__)
 static inline int32_t hsum(__m128i s) {

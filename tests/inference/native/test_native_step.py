@@ -17,10 +17,8 @@ CONTEXT = 512
 
 
 def runnable_levels() -> list[str]:
-    """The builds this CPU can run: its own level and every older one."""
-    here = build.level(build.this_cpu())
-    order = list(build.ISA_FLAGS)
-    return order[order.index(here) :]
+    """The builds this CPU can run: those whose flags it has, its own level first."""
+    return build.runnable_here()
 
 
 def built(level: str) -> Library:
@@ -39,11 +37,11 @@ def any_library(request) -> Library:
 
 
 @pytest.fixture(scope="module", params=[
-    pytest.param(lvl, marks=[] if lvl == build.level(build.this_cpu()) else [pytest.mark.slow])
+    pytest.param(lvl, marks=[] if lvl == build.this_cpu() else [pytest.mark.slow])
     for lvl in build.ISA_FLAGS
 ])  # fmt: skip
 def library(request) -> Library:
-    """This CPU's own build in the fast tier, the older ones' in the slow one."""
+    """This CPU's own build in the fast tier, the others' in the slow one."""
     return built(request.param)
 
 
@@ -74,15 +72,51 @@ def test_linear_is_the_exact_integer_product(any_library, rows):
     assert torch.equal(top, torch.full((1, 8), -127.0 * 127 * 96 * (5 / 127)))
 
 
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
 def test_an_avx2_cpu_that_hides_f16c_gets_the_avx_build():
-    """The avx2 build reads the cache with F16C's vcvtph2ps: a CPU or VM without it would
+    """The avx2 builds read the cache with F16C's vcvtph2ps: a CPU or VM without it would
     die of SIGILL on the first step."""
-    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
-    assert build.for_cpu("avx2", avx2 | {"f16c"}) == "avx2"
-    assert build.for_cpu("avx512", avx2 | {"f16c", "avx512f"}) == "avx512"
-    assert build.for_cpu("avx2", avx2) == "avx"
-    assert build.for_cpu("avx512", avx2 | {"avx512f"}) == "avx"
+    assert build.for_cpu("avx2", AVX2) == "avx2"
+    assert build.for_cpu("avx512", AVX512) == "avx2"
+    assert build.for_cpu("avx2", AVX2 - {"f16c"}) == "avx"
+    assert build.for_cpu("avx512", AVX512 - {"f16c"}) == "avx"
+    assert build.for_cpu("avx2", AVX2 - {"f16c"} | {"avx_vnni"}) == "avx"
     assert build.for_cpu("sse4.2", frozenset({"sse4_2"})) == "sse4.2"
+
+
+def test_a_vnni_cpu_gets_a_vnni_build_only_with_its_flags():
+    """AVX-VNNI (VEX) and AVX-512 VNNI (EVEX) are different instructions: a CPU gets the
+    build of the one it has, the VEX one where it has both, and never one above the
+    generation torch is capped at (ATEN_CPU_CAPABILITY)."""
+    alder_lake = AVX2 | {"avx_vnni"}
+    ice_lake = AVX512 | {"avx512_vnni"}
+    assert build.runnable("avx2", alder_lake) == ["avx-vnni", "avx2", "avx", "sse4.2", "older"]
+    assert build.runnable("avx512", ice_lake) == [
+        "avx512-vnni", "avx2", "avx", "sse4.2", "older",
+    ]  # fmt: skip
+    assert build.for_cpu("avx512", ice_lake | {"avx_vnni"}) == "avx-vnni"
+    assert build.for_cpu("avx2", ice_lake) == "avx2"  # capped: no EVEX
+    assert build.for_cpu("avx", alder_lake) == "avx"  # CPUID hid AVX2
+    assert build.for_cpu("avx512", ice_lake - {"avx512vl"}) == "avx2"
+    assert build.for_cpu("avx512", AVX512) == "avx2"  # Skylake-SP: no VNNI
+
+
+def test_a_level_that_does_not_build_gives_way_to_the_next(monkeypatch, caplog):
+    """A compiler that refuses a level's flags (GCC 10 knows no -mavxvnni) leaves the CPU
+    its next level, not the torch step."""
+    from inference.native import library
+
+    here = build.this_cpu()
+    monkeypatch.setitem(build.ISA_FLAGS, here, ["-mno-such-instruction-set"])
+    monkeypatch.setenv("DESKCHAT_NATIVE_DIR", str(TEST_CACHE / "native-builds"))
+    monkeypatch.delenv("DESKCHAT_NATIVE_ISA", raising=False)
+    caplog.set_level("INFO", logger="deskchat.native")
+    loaded = library.load.__wrapped__((here, "older"))
+    assert loaded is not None and loaded.isa == "older"
+    assert f"native {here} build unavailable" in caplog.text
 
 
 def test_the_caches_float16_is_torchs_both_ways(any_library):
@@ -197,16 +231,17 @@ def test_buffers_kept_from_step_to_step_change_no_bits(native_decoder, monkeypat
 
 @pytest.fixture(scope="module")
 def own_build_steps(embedded_dir, tokenizer) -> list[torch.Tensor]:
-    decoder = load(embedded_dir, tokenizer, built(build.level(build.this_cpu())))
+    decoder = load(embedded_dir, tokenizer, built(build.this_cpu()))
     return steps(decoder, [list(range(100, 137)), [5, 6]], 2, together=True)
 
 
 @pytest.mark.slow  # one more load; an older build's own fixture is slow already
 def test_every_build_gives_the_bits_of_this_cpus_own(native_decoder, own_build_steps):
     """One answer on every PC (issue 33): a Nehalem's sse4.2 build, a Sandy Bridge's avx
-    build and this CPU's give the same logits, bit for bit: the same float operations in
-    one order, only their vector width differs (the conversion is the same too: the
-    weights come from the same load, under whatever kernels torch dispatches to)."""
+    build, the VNNI ones and this CPU's give the same logits, bit for bit: the same float
+    operations in one order, only their vector width differs, and the same exact integer
+    sums (the conversion is the same too: the weights come from the same load, under
+    whatever kernels torch dispatches to)."""
     here = steps(native_decoder, [list(range(100, 137)), [5, 6]], 2, together=True)
     for mine, own in zip(here, own_build_steps, strict=True):
         assert torch.equal(mine, own), native_decoder.native
