@@ -110,6 +110,7 @@ def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.
     return model
 
 
+@torch.no_grad()  # the loaded Parameters want grads: a scale made from them kept a graph
 def load_quantized(
     folder: Path,
     quantize: str,
