@@ -36,7 +36,7 @@ AWAKE = 0.5  # a span in which the threads ran or waited less than this share sl
 # (tests/inference/host/test_threads.py compares the logits). Float weights (none) and int4 (bf16
 # activations, float accumulation) do split them: with those the count stays fixed, since a
 # near-tie could otherwise change an answer when the count changes.
-THREAD_INVARIANT = frozenset({"int8", "int8-row"})
+THREAD_INVARIANT = frozenset({"int8", "int8-row", "int4-row"})
 
 Sample = dict[int, tuple[int, int]]  # thread id -> (ns running, ns waiting for a CPU)
 
