@@ -9,7 +9,8 @@
  * the number of threads. Integer products are exact, so their blocking does not matter.
  * Activations are int8 per row (symmetric, max |x| -> 127) and weights int8 per output
  * channel; products use the sign trick (at dot_rows), whose pair sums never saturate:
- * 8-bit rows on every CPU. Float code is compiled without FMA contraction (at emit).
+ * 8-bit rows on every CPU. Weights may instead be 4-bit in groups (int4-row, at dot4_rows):
+ * two exact integer sums there. Float code is compiled without FMA contraction (at emit).
  *
  * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, -mavx, -msse4.2 or plain
  * x86-64); the same source serves each, by the macros below.
