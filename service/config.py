@@ -21,7 +21,7 @@ from service.cpu_list import cpu_list_problem
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
-QUANTIZE_CHOICES = ("auto", "none", "int8", "int8-row", "int4")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "int8-row", "int4-row", "int4")
 INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -142,6 +142,8 @@ class Config:
         "Linear layers (lm_head too): auto (int8-row where fbgemm runs, AVX2 and newer; else "
         "int8; none where no int8 kernel runs), none (float), int8-row (per-row activation "
         "scales: batch-invariant answers, closest to float; needed for --max-batch above 1), "
+        "int4-row (4-bit weights in groups of 32 with int8-row's rows, on the native step "
+        "only: fewer bytes a token, docs/native.md), "
         "int8 (torch.ao dynamic, one scale per forward, smoothed) or int4 "
         "(weight-only); docs/speed.md and docs/old-cpus.md have each one's measured effect.",
         choices=QUANTIZE_CHOICES,

@@ -155,3 +155,19 @@ def test_log_has_one_line_per_request_and_no_text(embedded_server):
         assert field in lines[0]
     assert "pineapple" not in embedded_server.log()
     assert reply.json()["response"].strip()[:20] not in embedded_server.log()
+
+
+def test_int4_row_serves_on_the_native_step_and_health_says_so(start_server, embedded_server):
+    """--quantize int4-row (4-bit weights, opt-in) loads, answers, and /health names it with
+    a digest of its own weights (not int8-row's: a fleet must not mix the two)."""
+    from inference.native import build
+
+    proc = start_server("--model", "embedded", "--quantize", "int4-row")
+    health = request(proc.url, "GET", "/health").json()
+    assert health["cpu"]["quantize"] == "int4-row"
+    assert health["decode_step"] == f"native {build.level(build.this_cpu())}"
+    default = request(embedded_server.url, "GET", "/health").json()
+    assert len(health["weights_sha256"]) == 64
+    assert health["weights_sha256"] != default["weights_sha256"]
+    reply = chat(proc.url, {"message": "What is the capital of Japan?", "max_tokens": 12})
+    assert reply.status == 200 and "Tokyo" in reply.json()["response"]

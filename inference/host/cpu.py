@@ -154,8 +154,9 @@ class Plan:
 
     @property
     def native(self):
-        """The native library when it runs the step: its int8 rows are the weights' format."""
-        return self.library if self.quantize == "int8-row" else None
+        """The native library when it runs the step: its int8 rows (with int8 or 4-bit
+        weights) are the weights' format."""
+        return self.library if self.quantize in NATIVE_KINDS else None
 
     @property
     def step(self) -> str:
@@ -185,6 +186,7 @@ class Plan:
 
 
 DEFAULT_QUANTIZE = "auto"
+NATIVE_KINDS = ("int8-row", "int4-row")  # what the native step runs
 
 
 def plan(paths: Paths, requested: str, int8_engine: str = "auto", library=None) -> Plan:
@@ -218,6 +220,10 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", library=None) 
             "needs fbgemm's int8 kernel, which needs AVX2",
         ),
         "int4": (paths.int4, "its kernel was only checked on CPUs with SSE4.2 or newer"),
+        "int4-row": (
+            "native" if library is not None else NONE,
+            "needs the native decode step (a C compiler at install, not --no-native)",
+        ),
     }.get(requested)
     if why is not None and why[0] == NONE:
         raise CpuUnsupported(

@@ -37,7 +37,7 @@ BETTER_BY = 0.9  # the other count must be this much faster (its median time, as
 # (tests/inference/host/test_threads.py compares the logits). Float weights (none) and int4 (bf16
 # activations, float accumulation) do split them: with those the count stays fixed, since a
 # near-tie could otherwise change an answer when the count changes.
-THREAD_INVARIANT = frozenset({"int8", "int8-row"})
+THREAD_INVARIANT = frozenset({"int8", "int8-row", "int4-row"})
 
 Forward = tuple[int, float]  # a step's forward: (rows, seconds)
 

@@ -88,6 +88,12 @@ class CheckpointReader:
         return {k[len(prefix) :]: v for k, v in self.read(names, dtype).items()}
 
 
+# What smoothing (inference/quant/smooth.py) applies to. Not int4-row: it moves the
+# activations' outliers into the weights, which 4 bits keep worst (embedded model, `python -m
+# bench.quality --quantize int4-row`: mean KL to fp32 0.195 smoothed, 0.0535 not). Its lm_head
+# stays int8 too (0.126 with a 4-bit one; llama.cpp's Q4_K_M keeps its output at 6 bits).
+SMOOTHED = ("int8", "int8-row")
+
 # Architectures whose decoder is plain embed -> layers -> norm, which the layer-by-layer
 # build reproduces exactly (Gemma, for one, scales its embedding and is not among them).
 LAYERWISE_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -123,19 +129,27 @@ def load_quantized(
     Llama-style decoders (LAYERWISE_TYPES, safetensors weights) are built layer by layer,
     for a low memory peak; any other model is loaded whole and then quantized, without
     smoothing. `native` (an inference/native Library) keeps int8-row weights for it
-    instead of fbgemm's packs. For int8, `calibration_ids` turns
+    instead of fbgemm's packs; int4-row (inference/quant/rowint4.py) needs it. For int8,
+    `calibration_ids` turns
     on smoothing (inference/quant/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from inference.quant import calibrate as calibrate_forward
-    from inference.quant import rowint8, smooth
+    from inference.quant import rowint4, rowint8, smooth
 
     target = compute_dtype(quantize, dtype)
-    per_row = quantize == "int8-row" and (native is not None or rowint8.available())
+    four_bit = quantize == "int4-row"
+    if four_bit and native is None:
+        raise ValueError("int4-row needs the native decode step (inference/native)")
+    per_row = four_bit or (quantize == "int8-row" and (native is not None or rowint8.available()))
+    kind = rowint4.RowInt4Linear if four_bit else rowint8.RowInt8Linear
     config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in LAYERWISE_TYPES or not any(folder.glob("*.safetensors")):
+    layerwise = config.model_type in LAYERWISE_TYPES and any(folder.glob("*.safetensors"))
+    if four_bit and not layerwise:
+        raise ValueError(f"{folder.name}: int4-row takes Llama-style decoders in safetensors")
+    if not layerwise:
         return _load_then_quantize(folder, quantize, target)
     heap.mmap_threshold(1 << 20)
     with torch.device("meta"):
@@ -156,7 +170,7 @@ def load_quantized(
         embed = Int8Embedding.from_blocks(reader.rows(embed_name), blocks, target)
     decoder.embed_tokens = embed
     decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # buffers, not weights
-    calibrate = quantize in ("int8", "int8-row") and calibration_ids is not None
+    calibrate = quantize in SMOOTHED and calibration_ids is not None
     if calibrate and not all(
         smooth.layer_groups(lay) and calibrate_forward.supported(lay) for lay in decoder.layers
     ):
@@ -178,7 +192,9 @@ def load_quantized(
             heap.mmap_threshold(1 << 20)
             groups = smooth.layer_groups(layer)
             smooth.smooth_layer(groups, [maxima.qkv, maxima.gate_up, maxima.down])
-        if not (per_row and rowint8.quantize_decoder_layer(layer, native)):
+        if not (per_row and rowint8.quantize_decoder_layer(layer, native, kind)):
+            if four_bit:
+                raise ValueError(f"layer {i} is not Llama-style: no int4-row for it")
             if per_row:
                 log.warning("layer %d is not Llama-style: torch.ao int8, not per-row", i)
             torchao.quantize_linears(layer, quantize)

@@ -20,7 +20,7 @@ from inference.native import build
 
 log = logging.getLogger("deskchat.native")
 
-ABI_VERSION = 2  # 2: the cache holds float16
+ABI_VERSION = 3  # 2: the cache holds float16; 3: 4-bit weights
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
@@ -32,8 +32,10 @@ _SIGNATURES = {
     "dc_model_free": (None, [_P]),
     "dc_layer_set": (_I, [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
     "dc_head_set": (None, [_P, _P, _P]),
+    "dc_linear4_set": (_I, [_P, _I, _I, _P, _P, _P, _P, _P]),
     "dc_forward": (_I, [_P, _I, _P, _P, _P, _P, _I, _P, _P, _I]),
     "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
+    "dc_linear4": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_half": (None, [_P, _I, _P, _P]),
 }
 
@@ -54,11 +56,19 @@ class Library:
 
     def linear(self, q, scale, bias, x: torch.Tensor) -> torch.Tensor:
         """x [rows, k] float32 through the int8 weight q [n, k] with per-row scales."""
+        return self._alone(self.dll.dc_linear, [q, scale], bias, x)
+
+    def linear4(self, parts: list[torch.Tensor], bias, x: torch.Tensor) -> torch.Tensor:
+        """The same through 4-bit weights: `parts` as RowInt4Linear.parts() gives them
+        (inference/quant/rowint4.py)."""
+        return self._alone(self.dll.dc_linear4, parts, bias, x)
+
+    def _alone(self, fn, weight: list[torch.Tensor], bias, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         rows, k = x.shape
-        y = torch.empty(rows, q.shape[0])
-        code = self.dll.dc_linear(
-            q.data_ptr(), scale.data_ptr(), _ptr(bias), q.shape[0], k, rows,
+        y = torch.empty(rows, len(weight[0]))
+        code = fn(
+            *[w.data_ptr() for w in weight], _ptr(bias), len(weight[0]), k, rows,
             x.data_ptr(), y.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if code:
@@ -134,7 +144,10 @@ class NativeModel:
                 *self._linear(qkv, bias=True), *self._linear(o), *self._linear(gate_up),
                 *self._linear(down),
             )  # fmt: skip
+            for part, linear in enumerate([qkv, o, gate_up, down]):
+                self._four_bit(i, part, linear)
         lib.dll.dc_head_set(self.handle, *self._linear(d.lm_head))
+        self._four_bit(-1, 0, d.lm_head)
 
     def _hold(self, t: torch.Tensor | None) -> int | None:
         if t is None:
@@ -144,8 +157,19 @@ class NativeModel:
         return t.data_ptr()
 
     def _linear(self, linear, bias: bool = False) -> list:
+        """An int8 Linear's pointers; a 4-bit one's (no weight_q) go by _four_bit after."""
         parts = [self._hold(linear.weight_q), self._hold(linear.weight_scale)]
         return parts + [self._hold(linear.bias)] if bias else parts
+
+    def _four_bit(self, layer: int, part: int, linear) -> None:
+        """Layer `layer`'s Linear `part` (the head for -1) made 4-bit when its weights are."""
+        if getattr(linear, "weight_q4", None) is None:
+            return
+        code = self.lib.dll.dc_linear4_set(
+            self.handle, layer, part, *[self._hold(t) for t in linear.parts()]
+        )
+        if code:
+            raise ValueError("the native step does not take these 4-bit weights' shape")
 
     def __del__(self):
         handle = getattr(self, "handle", None)

@@ -9,7 +9,8 @@
  * the number of threads. Integer products are exact, so their blocking does not matter.
  * Activations are int8 per row (symmetric, max |x| -> 127) and weights int8 per output
  * channel; products use the sign trick (at dot_rows), whose pair sums never saturate:
- * 8-bit rows on every CPU. Float code is compiled without FMA contraction (at emit).
+ * 8-bit rows on every CPU. Weights may instead be 4-bit in groups (int4-row, at dot4_rows):
+ * two exact integer sums there. Float code is compiled without FMA contraction (at emit).
  *
  * Built per CPU by inference/native/build.py (-mavx2 -mfma -mf16c, plus -mavxvnni or
  * -mavx512vnni -mavx512vl for VNNI's vpdpbusd; -mavx, -msse4.2 or plain x86-64); the same
@@ -27,10 +28,12 @@
 #include <immintrin.h>
 #endif
 
-#define ABI_VERSION 2 /* 2: the cache holds float16 */
+#define ABI_VERSION 3 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set) */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
 #define ROWS 4  /* activation rows per weight load */
+#define GROUP 32 /* 4-bit weights: elements per sub-scale; a row's group sums (xsum) too */
+#define K4_MAX 32768 /* 4-bit weights: the longest k whose 32-bit lanes cannot overflow */
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
@@ -81,7 +84,11 @@ static inline v8f from_half8(const uint16_t *h) {
 /* ---------------------------------------------------------------- the model */
 
 typedef struct {
-    const int8_t *q; /* [n, k] */
+    const int8_t *q; /* [n, k], or NULL for 4-bit weights */
+    const uint8_t *q4; /* 4-bit weights: [n, k / 2] nibbles (at dot4_rows), else NULL */
+    const uint8_t *sub; /* 4-bit weights: [n, k / GROUP] steps, 1..255 */
+    const int8_t *mins; /* 4-bit weights: [n, k / GROUP] offsets, -127..127 */
+    const float *min_scale; /* 4-bit weights: [n] */
     const float *scale; /* [n] */
     const float *bias; /* [n] or NULL */
     int n, k;
@@ -97,6 +104,7 @@ typedef struct {
     int rows; /* the rows the buffers below hold; 0 before the first step */
     int8_t *xq; /* [rows, max k]: a pass's input rows as int8 */
     float *xs; /* [rows]: their scales */
+    int16_t *xsum; /* [rows, max k / GROUP]: their group sums, for 4-bit weights */
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
     float *gu; /* [rows, 2 inter] */
@@ -184,11 +192,13 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
 static void scratch_free_rows(Scratch *b) {
     free(b->xq);
     free(b->xs);
+    free(b->xsum);
     free(b->qkv);
     free(b->attn);
     free(b->gu);
     free(b->last);
     b->xq = NULL;
+    b->xsum = NULL;
     b->xs = b->qkv = b->attn = b->gu = b->last = NULL;
     b->rows = 0;
 }
@@ -208,7 +218,7 @@ void dc_model_free(Model *m) {
 }
 
 static Linear linear(const int8_t *q, const float *scale, const float *bias, int n, int k) {
-    return (Linear){q, scale, bias, n, k};
+    return (Linear){q, NULL, NULL, NULL, NULL, scale, bias, n, k};
 }
 
 /* Layer i's parts: qkv [(heads + 2 kv_heads) * head_dim, hidden] (with bias or NULL), o
@@ -230,6 +240,21 @@ int dc_layer_set(Model *m, int i, const float *input_norm, const float *post_nor
 
 void dc_head_set(Model *m, const int8_t *q, const float *scale) {
     m->head = linear(q, scale, NULL, m->vocab, m->hidden);
+}
+
+/* Makes one Linear 4-bit (after dc_layer_set or dc_head_set, which leave its shape and bias):
+ * layer i's part 0 qkv, 1 o, 2 gate_up, 3 down, or the head for i == -1. -1 for a part or a k
+ * that 4-bit weights cannot take (k a multiple of 64, at most K4_MAX). */
+int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *sub,
+                   const float *scale, const int8_t *mins, const float *min_scale) {
+    Linear *l = NULL;
+    if (i == -1) l = &m->head;
+    else if (i >= 0 && i < m->layers && part >= 0 && part < 4)
+        l = (Linear *[]){&m->layer[i].qkv, &m->layer[i].o, &m->layer[i].gate_up,
+                         &m->layer[i].down}[part];
+    if (!l || l->k % 64 || l->k > K4_MAX) return -1;
+    *l = (Linear){NULL, q4, sub, mins, min_scale, scale, l->bias, l->n, l->k};
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the thread pool */
@@ -406,12 +431,19 @@ static float abs_max(const float *x, int n) {
     return r;
 }
 
-/* x -> int8 in [-127, 127] (half to even) and its scale; x is left as it is. */
-static void quantize_row(const float *x, int n, int8_t *q, float *scale) {
+/* x -> int8 in [-127, 127] (half to even) and its scale; x is left as it is. Also the sum of
+ * each GROUP of q (|32 x 127| fits int16): what 4-bit weights' offsets need (at dot4_rows),
+ * computed once per row for every channel of the pass. */
+static void quantize_row(const float *x, int n, int8_t *q, float *scale, int16_t *sums) {
     float s = abs_max(x, n);
     s = (s < 1e-12f ? 1e-12f : s) / 127.0f;
     for (int i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] / s);
     *scale = s;
+    for (int g = 0; g < n / GROUP; g++) {
+        int sum = 0;
+        for (int i = 0; i < GROUP; i++) sum += q[g * GROUP + i];
+        sums[g] = (int16_t)sum;
+    }
 }
 
 /* RMSNorm(x) * weight, into out */
@@ -548,54 +580,187 @@ static inline void dot_rows(const int8_t *w, const int8_t *x, int nr, int k, int
 }
 #endif
 
+/* ---------------------------------------------------------------- 4-bit products
+ * A channel's weights in blocks of 64 along k, 32 bytes a block: byte j holds element j in
+ * its low nibble and element 32 + j in its high one (u, 0..15); every group of 32 (the
+ * block's lows, its highs) has a step s (1..255) and an offset t (-127..127), the channel
+ * float scales S and M: w = S s u - M t (inference/quant/rowint4.py makes them). So
+ *     w . x = S sum_g s_g sum_{i in g} u_i x_i - M sum_g t_g sum_{i in g} x_i,
+ * two exact integer sums (dot4_rows) and then floats in one fixed order (at products).
+ * u goes in as pmaddubsw's unsigned side as it is (no sign trick): pair sums <= 2 x 15 x 127
+ * = 3,810, no saturation; pmaddwd by s_g then gives <= 1,943,100 a 32-bit lane, two groups a
+ * block: <= 3,886,200 a block, so k <= K4_MAX (512 blocks) never overflows a lane; the lanes
+ * are summed in int64. The rows' group sums come with the row (quantize_row). */
+
+/* sum_g t_g sums_g, exact: |t x sum| <= 127 x 4,064, int32 over 64 groups, int64 over those;
+ * vectorized by the compiler, exact in whatever order it adds, so one copy for every build. */
+static inline int64_t offsets(const int8_t *t, const int16_t *sums, int groups) {
+    int64_t total = 0;
+    for (int g0 = 0; g0 < groups; g0 += 64) {
+        int32_t part = 0, end = g0 + 64 < groups ? g0 + 64 : groups;
+        for (int g = g0; g < end; g++) part += (int32_t)t[g] * sums[g];
+        total += part;
+    }
+    return total;
+}
+
+#if defined(__AVX2__)
+static inline int64_t hsum64(__m256i v) {
+    int32_t lane[8];
+    _mm256_storeu_si256((__m256i *)lane, v);
+    int64_t s = 0;
+    for (int j = 0; j < 8; j++) s += lane[j];
+    return s;
+}
+
+/* steps[r] = sum_g s_g sum u x_r, channel n's 4-bit weights with `nr` rows of x (stride k).
+ * One unpack of a block serves every row. */
+static inline __attribute__((always_inline)) void dot4_rows(const Linear *l, int n,
+                                                            const int8_t *x, int nr, int k,
+                                                            int64_t *steps) {
+    const uint8_t *w = l->q4 + (size_t)n * (k / 2), *s = l->sub + (size_t)n * (k / GROUP);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256i acc[ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+    for (int i = 0, g = 0; i < k; i += 64, g += 2) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(w + i / 2));
+        __m256i u0 = _mm256_and_si256(b, low), u1 = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+        __m256i s0 = _mm256_set1_epi16(s[g]), s1 = _mm256_set1_epi16(s[g + 1]);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *xr = x + (size_t)r * k + i;
+            __m256i p0 = _mm256_maddubs_epi16(u0, _mm256_loadu_si256((const __m256i *)xr));
+            __m256i p1 = _mm256_maddubs_epi16(u1, _mm256_loadu_si256((const __m256i *)(xr + 32)));
+            p0 = _mm256_madd_epi16(p0, s0);
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(p0, _mm256_madd_epi16(p1, s1)));
+        }
+    }
+    for (int r = 0; r < nr; r++) steps[r] = hsum64(acc[r]);
+}
+#elif defined(__SSSE3__)
+static inline int64_t hsum64(__m128i v) {
+    int32_t lane[4];
+    _mm_storeu_si128((__m128i *)lane, v);
+    return (int64_t)lane[0] + lane[1] + lane[2] + lane[3];
+}
+
+/* The AVX2 dot4_rows at 16 bytes: a block is two loads, each holding 16 elements of both of
+ * its groups; one accumulator per group keeps a lane's bound that of the AVX2 build. */
+static inline __attribute__((always_inline)) void dot4_rows(const Linear *l, int n,
+                                                            const int8_t *x, int nr, int k,
+                                                            int64_t *steps) {
+    const uint8_t *w = l->q4 + (size_t)n * (k / 2), *s = l->sub + (size_t)n * (k / GROUP);
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m128i acc0[ROWS], acc1[ROWS];
+    for (int r = 0; r < nr; r++) acc0[r] = acc1[r] = _mm_setzero_si128();
+    for (int i = 0, g = 0; i < k; i += 64, g += 2) {
+        __m128i b0 = _mm_loadu_si128((const __m128i *)(w + i / 2));
+        __m128i b1 = _mm_loadu_si128((const __m128i *)(w + i / 2 + 16));
+        __m128i u00 = _mm_and_si128(b0, low), u01 = _mm_and_si128(b1, low);
+        __m128i u10 = _mm_and_si128(_mm_srli_epi16(b0, 4), low);
+        __m128i u11 = _mm_and_si128(_mm_srli_epi16(b1, 4), low);
+        __m128i s0 = _mm_set1_epi16(s[g]), s1 = _mm_set1_epi16(s[g + 1]);
+        for (int r = 0; r < nr; r++) {
+            const __m128i *xr = (const __m128i *)(x + (size_t)r * k + i);
+            __m128i p00 = _mm_madd_epi16(_mm_maddubs_epi16(u00, _mm_loadu_si128(xr)), s0);
+            __m128i p01 = _mm_madd_epi16(_mm_maddubs_epi16(u01, _mm_loadu_si128(xr + 1)), s0);
+            __m128i p10 = _mm_madd_epi16(_mm_maddubs_epi16(u10, _mm_loadu_si128(xr + 2)), s1);
+            __m128i p11 = _mm_madd_epi16(_mm_maddubs_epi16(u11, _mm_loadu_si128(xr + 3)), s1);
+            acc0[r] = _mm_add_epi32(acc0[r], _mm_add_epi32(p00, p01));
+            acc1[r] = _mm_add_epi32(acc1[r], _mm_add_epi32(p10, p11));
+        }
+    }
+    for (int r = 0; r < nr; r++) steps[r] = hsum64(acc0[r]) + hsum64(acc1[r]);
+}
+#else
+/* Plain C: int32 sums of u x per group, times s_g in int64: the vector builds' integers. */
+static inline void dot4_rows(const Linear *l, int n, const int8_t *x, int nr, int k,
+                             int64_t *steps) {
+    const uint8_t *w = l->q4 + (size_t)n * (k / 2), *s = l->sub + (size_t)n * (k / GROUP);
+    for (int r = 0; r < nr; r++) {
+        int64_t total = 0;
+        for (int i = 0; i < k; i += 64) {
+            int32_t lo = 0, hi = 0;
+            for (int j = 0; j < 32; j++) {
+                lo += (w[i / 2 + j] & 15) * x[(size_t)r * k + i + j];
+                hi += (w[i / 2 + j] >> 4) * x[(size_t)r * k + i + 32 + j];
+            }
+            total += (int64_t)s[i / GROUP] * lo + (int64_t)s[i / GROUP + 1] * hi;
+        }
+        steps[r] = total;
+    }
+}
+#endif
+
 typedef struct {
     const Linear *lin;
     const int8_t *x; /* [rows, k] */
     const float *xs; /* [rows] */
+    const int16_t *xsum; /* [rows, k / GROUP]: the rows' group sums (quantize_row) */
     int rows;
     float *y; /* [rows, ystride] */
     int ystride;
     int add; /* 1: y += result (a residual), 0: y = result */
 } Gemm;
 
-/* The integer sum of (row r, channel n) as float: times the channel's scale and the row's,
+/* (row r, channel n)'s product before the row's scale (products): times the row's scale,
  * plus the bias, plus the residual. emit is inlined into gemm_tiles' ROWS-row loop and into
  * its one-row loop for the remainder. With contraction on, GCC fused the product with the
  * add after it in one copy and not in the other, so a row's bits depended on whether it fell
  * in a block of ROWS, that is on the rows beside it (a test caught it). -ffp-contract=off
  * (build.py) keeps the product and each add separate roundings in both copies and builds. */
-static inline void emit(const Gemm *g, int r, int n, int32_t acc) {
+static inline void emit(const Gemm *g, int r, int n, float product) {
     const Linear *l = g->lin;
-    float v = ((float)acc * l->scale[n]) * g->xs[r];
+    float v = product * g->xs[r];
     if (l->bias) v += l->bias[n]; /* an add of its own, not fused with the product */
     float *y = g->y + (size_t)r * g->ystride + n;
     *y = g->add ? *y + v : v; /* the residual: an add of its own too */
 }
 
+/* Channel n's products with rows r .. r + nr - 1 before the rows' scales, by its weights'
+ * kind: int8, the integer sum times the channel's scale; 4-bit, S x its steps' sum minus
+ * M x its offsets' sum, each product rounded, then the difference (-ffp-contract=off). */
+static inline __attribute__((always_inline)) void products(const Gemm *g, int n, int r, int nr,
+                                                           float *out) {
+    const Linear *l = g->lin;
+    int k = l->k, groups = k / GROUP;
+    if (l->q4) {
+        int64_t steps[ROWS];
+        dot4_rows(l, n, g->x + (size_t)r * k, nr, k, steps);
+        for (int j = 0; j < nr; j++) {
+            int64_t offset = offsets(l->mins + (size_t)n * groups,
+                                     g->xsum + (size_t)(r + j) * groups, groups);
+            out[j] = (float)steps[j] * l->scale[n] - (float)offset * l->min_scale[n];
+        }
+        return;
+    }
+    int32_t acc[ROWS];
+    dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, nr, k, acc);
+    for (int j = 0; j < nr; j++) out[j] = (float)acc[j] * l->scale[n];
+}
+
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
     const Gemm *g = ctx;
     const Linear *l = g->lin;
-    int k = l->k;
-    int32_t acc[ROWS];
+    float acc[ROWS];
     for (int t = begin; t < end; t++) {
         int n0 = t * TILE, n1 = n0 + TILE < l->n ? n0 + TILE : l->n;
         int r = 0;
         for (; r + ROWS <= g->rows; r += ROWS)
             for (int n = n0; n < n1; n++) {
-                dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, ROWS, k, acc);
+                products(g, n, r, ROWS, acc);
                 for (int j = 0; j < ROWS; j++) emit(g, r + j, n, acc[j]);
             }
         for (; r < g->rows; r++)
             for (int n = n0; n < n1; n++) {
-                dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, 1, k, acc);
+                products(g, n, r, 1, acc);
                 emit(g, r, n, acc[0]);
             }
     }
 }
 
-static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs, int rows,
-                 float *y, int ystride, int add) {
-    Gemm g = {l, x, xs, rows, y, ystride, add};
+static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
+                 const int16_t *xsum, int rows, float *y, int ystride, int add) {
+    Gemm g = {l, x, xs, xsum, rows, y, ystride, add};
     run(threads, gemm_tiles, &g, (l->n + TILE - 1) / TILE);
 }
 
@@ -609,8 +774,9 @@ typedef struct {
     const int32_t *alloc;
     int layer;
     const float *norm; /* the norm pass's weight */
-    int8_t *xq; /* [rows, max k]; this and the five below are the model's Scratch */
+    int8_t *xq; /* [rows, max k]; this and the six below are the model's Scratch */
     float *xs;
+    int16_t *xsum; /* [rows, max k / GROUP] */
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
     float *gu; /* [rows, 2 inter] */
@@ -624,7 +790,8 @@ static void norm_rows(void *ctx, int begin, int end, int thread) {
     float tmp[m->hidden];
     for (int r = begin; r < end; r++) {
         rms_norm(s->hidden + (size_t)r * m->hidden, s->norm, m->hidden, m->eps, tmp);
-        quantize_row(tmp, m->hidden, s->xq + (size_t)r * m->hidden, s->xs + r);
+        quantize_row(tmp, m->hidden, s->xq + (size_t)r * m->hidden, s->xs + r,
+                     s->xsum + (size_t)r * (m->hidden / GROUP));
     }
 }
 
@@ -749,7 +916,8 @@ static void quantize_attn(void *ctx, int begin, int end, int thread) {
     Step *s = ctx;
     int k = s->m->heads * s->m->head_dim;
     for (int r = begin; r < end; r++)
-        quantize_row(s->attn + (size_t)r * k, k, s->xq + (size_t)r * k, s->xs + r);
+        quantize_row(s->attn + (size_t)r * k, k, s->xq + (size_t)r * k, s->xs + r,
+                     s->xsum + (size_t)r * (k / GROUP));
 }
 
 /* silu(gate) * up, quantized for down */
@@ -762,7 +930,8 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
             v8f g = *(v8f *)(gate + i);
             *(v8f *)(gate + i) = g / (1.0f + exp8(-g)) * *(v8f *)(up + i);
         }
-        quantize_row(gate, inter, s->xq + (size_t)r * inter, s->xs + r);
+        quantize_row(gate, inter, s->xq + (size_t)r * inter, s->xs + r,
+                     s->xsum + (size_t)r * (inter / GROUP));
     }
 }
 
@@ -788,11 +957,12 @@ static int scratch_fit(Model *m, int rows, size_t scores) {
         scratch_free_rows(b);
         b->xq = aligned(n * k_max);
         b->xs = aligned(sizeof(float) * n);
+        b->xsum = aligned(sizeof(int16_t) * n * (k_max / GROUP));
         b->qkv = aligned(sizeof(float) * n * width);
         b->attn = aligned(sizeof(float) * n * attn);
         b->gu = aligned(sizeof(float) * n * 2 * m->inter);
         b->last = aligned(sizeof(float) * n * m->hidden);
-        if (!b->xq || !b->xs || !b->qkv || !b->attn || !b->gu || !b->last) {
+        if (!b->xq || !b->xs || !b->xsum || !b->qkv || !b->attn || !b->gu || !b->last) {
             scratch_free_rows(b);
             return -1;
         }
@@ -830,23 +1000,23 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
     const Scratch *b = &m->scratch;
     Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
-              .xq = b->xq, .xs = b->xs, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
+              .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
               .scores = b->scores, .stride = stride};
     for (int i = 0; i < m->layers; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
         s.norm = l->input_norm;
         run(threads, norm_rows, &s, rows);                                   /* pass 1 */
-        gemm(threads, &l->qkv, s.xq, s.xs, rows, s.qkv, width, 0);           /* 2 */
+        gemm(threads, &l->qkv, s.xq, s.xs, s.xsum, rows, s.qkv, width, 0);           /* 2 */
         run(threads, rope_and_store, &s, rows);                              /* 3 */
         run(threads, attend, &s, rows * m->kv_heads);                        /* 4 */
         run(threads, quantize_attn, &s, rows);                               /* 5 */
-        gemm(threads, &l->o, s.xq, s.xs, rows, hidden, m->hidden, 1);        /* 6 */
+        gemm(threads, &l->o, s.xq, s.xs, s.xsum, rows, hidden, m->hidden, 1);        /* 6 */
         s.norm = l->post_norm;
         run(threads, norm_rows, &s, rows);                                   /* 7 */
-        gemm(threads, &l->gate_up, s.xq, s.xs, rows, s.gu, 2 * m->inter, 0); /* 8 */
+        gemm(threads, &l->gate_up, s.xq, s.xs, s.xsum, rows, s.gu, 2 * m->inter, 0); /* 8 */
         run(threads, silu_mul, &s, rows);                                    /* 9 */
-        gemm(threads, &l->down, s.xq, s.xs, rows, hidden, m->hidden, 1);     /* 10 */
+        gemm(threads, &l->down, s.xq, s.xs, s.xsum, rows, hidden, m->hidden, 1);     /* 10 */
     }
     for (int j = 0; j < n_out; j++)
         memcpy(b->last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
@@ -855,8 +1025,30 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     f.hidden = b->last;
     f.norm = m->final_norm;
     run(threads, norm_rows, &f, n_out);
-    gemm(threads, &m->head, f.xq, f.xs, n_out, logits, m->vocab, 0);
+    gemm(threads, &m->head, f.xq, f.xs, f.xsum, n_out, logits, m->vocab, 0);
     return 0;
+}
+
+/* y [rows, n] = x [rows, k] through l alone */
+static int linear_alone(const Linear *l, int rows, const float *x, float *y, int threads) {
+    int k = l->k;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (pool_grow(threads)) threads = pool.started + 1;
+    size_t r1 = rows ? (size_t)rows : 1;
+    int8_t *xq = aligned(r1 * k);
+    float *xs = malloc(sizeof(float) * r1);
+    int16_t *xsum = malloc(sizeof(int16_t) * r1 * (k / GROUP));
+    if (xq && xs && xsum) {
+        for (int r = 0; r < rows; r++)
+            quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r,
+                         xsum + (size_t)r * (k / GROUP));
+        gemm(threads, l, xq, xs, xsum, rows, y, l->n, 0);
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
+    return xq && xs && xsum ? 0 : -1;
 }
 
 /* One Linear alone, for the paths that run a projection by itself (quality measures, a
@@ -864,22 +1056,17 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
 int dc_linear(const int8_t *q, const float *scale, const float *bias, int n, int k, int rows,
               const float *x, float *y, int threads) {
     if (k % 32) return -1;
-    if (threads < 1) threads = 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (pool_grow(threads)) threads = pool.started + 1;
-    int8_t *xq = aligned_alloc(32, ((size_t)rows * k + 31) / 32 * 32);
-    float *xs = malloc(sizeof(float) * (size_t)(rows ? rows : 1));
-    if (!xq || !xs) {
-        free(xq);
-        free(xs);
-        return -1;
-    }
-    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r);
     Linear l = linear(q, scale, bias, n, k);
-    gemm(threads, &l, xq, xs, rows, y, n, 0);
-    free(xq);
-    free(xs);
-    return 0;
+    return linear_alone(&l, rows, x, y, threads);
+}
+
+/* The same with 4-bit weights (q4 and sub as at dot4_rows) */
+int dc_linear4(const uint8_t *q4, const uint8_t *sub, const float *scale, const int8_t *mins,
+               const float *min_scale, const float *bias, int n, int k, int rows,
+               const float *x, float *y, int threads) {
+    if (k % 64 || k > K4_MAX) return -1;
+    Linear l = {NULL, q4, sub, mins, min_scale, scale, bias, n, k};
+    return linear_alone(&l, rows, x, y, threads);
 }
 
 /* The cache's conversions alone, for the tests: x [n] to float16 bits and those back (n a

@@ -156,7 +156,7 @@ class RowInt8Linear(nn.Module):
         the native library they are written into one int8 weight of `out_features` rows."""
         linear = cls(in_features, bias, native)
         if native is not None:
-            linear._keep_int8(blocks, column_scale, out_features)
+            linear._keep(blocks, column_scale, out_features)
             return linear
         q_parts, scale_parts, pending = [], [], 0
         for _start, block in blocks:
@@ -171,7 +171,7 @@ class RowInt8Linear(nn.Module):
             linear._add_pack(q_parts, scale_parts)
         return linear
 
-    def _keep_int8(self, blocks, column_scale, rows: int) -> None:
+    def _keep(self, blocks, column_scale, rows: int) -> None:
         self.weight_q = torch.empty(rows, self.in_features, dtype=torch.int8)
         self.weight_scale = torch.empty(rows)
         for start, block in blocks:
@@ -271,9 +271,11 @@ class FusedPart(nn.Module):
         return f"part {self.index} of the fused projection, out={self.out_features}"
 
 
-def fuse(owner: nn.Module, names: list[str], fused_name: str, native=None) -> None:
+def fuse(
+    owner: nn.Module, names: list[str], fused_name: str, native=None, kind=RowInt8Linear
+) -> None:
     """Replace owner's nn.Linear projections `names` (same input) by parts of one fused
-    RowInt8Linear, registered on owner as `fused_name`."""
+    RowInt8Linear (or `kind`, a subclass), registered on owner as `fused_name`."""
     linears = [getattr(owner, n) for n in names]
     weight = torch.cat([lin.weight.detach() for lin in linears])
     biases = [lin.bias for lin in linears]
@@ -286,26 +288,27 @@ def fuse(owner: nn.Module, names: list[str], fused_name: str, native=None) -> No
             ]
         )
     sizes = [lin.out_features for lin in linears]
-    fused = FusedParts(RowInt8Linear.from_weight(weight, bias, native), sizes)
+    fused = FusedParts(kind.from_weight(weight, bias, native), sizes)
     del weight
     setattr(owner, fused_name, fused)
     for i, name in enumerate(names):
         setattr(owner, name, fused.part(i))
 
 
-def quantize_decoder_layer(layer: nn.Module, native=None) -> bool:
+def quantize_decoder_layer(layer: nn.Module, native=None, kind=RowInt8Linear) -> bool:
     """Llama/Qwen2-style layer: fused q/k/v and gate/up, o_proj and down_proj each their
-    own, all RowInt8Linear. False (layer untouched) when the layer is not of that shape."""
+    own, all RowInt8Linear (or `kind`, a subclass: inference/quant/rowint4.py's). False
+    (layer untouched) when the layer is not of that shape."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     qkv, gate_up = ["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"]
     wanted = [(attn, n) for n in [*qkv, "o_proj"]] + [(mlp, n) for n in [*gate_up, "down_proj"]]
     if not all(type(getattr(m, n, None)) is nn.Linear for m, n in wanted):
         return False
-    fuse(attn, qkv, "qkv_proj", native)
-    fuse(mlp, gate_up, "gate_up_proj", native)
+    fuse(attn, qkv, "qkv_proj", native, kind)
+    fuse(mlp, gate_up, "gate_up_proj", native, kind)
     for module, name in [(attn, "o_proj"), (mlp, "down_proj")]:
         linear = getattr(module, name)
-        setattr(module, name, RowInt8Linear.from_weight(linear.weight, linear.bias, native))
+        setattr(module, name, kind.from_weight(linear.weight, linear.bias, native))
     return True
 
 

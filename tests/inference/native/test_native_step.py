@@ -1,6 +1,7 @@
 """The native decode step (inference/native): built here for every instruction-set level this
-CPU can run, each one's int8 product exact, every row's result independent of the rows
-beside it and of the thread count, and its token choices those of the torch step."""
+CPU can run, each one's int8 and 4-bit products exact, every row's result independent of the
+rows beside it and of the thread count (with int8-row and int4-row weights alike), and its
+token choices those of the torch step."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from bench.quality import text_chunks
 from inference.model.decoder import Decoder, Segment
 from inference.native import build
 from inference.native.library import Library
+from inference.quant import rowint4
 from tests.support.paths import TEST_CACHE
 
 CONTEXT = 512
+ROW_KINDS = ["int8-row", "int4-row"]
 
 
 def runnable_levels() -> list[str]:
@@ -45,31 +48,104 @@ def library(request) -> Library:
     return built(request.param)
 
 
-def reference_product(weight_q, weight_scale, bias, x) -> torch.Tensor:
-    """The per-row int8 product in torch: rows scaled to [-127, 127] (half to even), the
-    integer sums exact (int64), then the weight's scale, the row's, the bias."""
+def row_integers(x) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows scaled to [-127, 127] (half to even), as step.c's quantize_row: (int64, scale)."""
     scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
-    q = torch.round(x / scale).long()
-    acc = q @ weight_q.long().T
-    y = (acc.float() * weight_scale) * scale
-    return y + bias if bias is not None else y
+    return torch.round(x / scale).long(), scale
 
 
+class Int8Weights:
+    """int8 in [-127, 127], one scale per channel."""
+
+    k = 96
+
+    @staticmethod
+    def random(n, k, gen) -> list[torch.Tensor]:
+        q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        return [q, torch.rand(n, generator=gen) / 100]
+
+    @staticmethod
+    def product(parts, xq) -> torch.Tensor:
+        """Before the rows' scales: the exact integer sum times the channel's scale."""
+        q, scale = parts
+        return (xq @ q.long().T).float() * scale
+
+    @staticmethod
+    def run(library, parts, bias, x):
+        return library.linear(*parts, bias, x)
+
+
+class Int4Weights:
+    """4-bit nibbles u with a step s and an offset t per group of 32, float S and M per
+    channel (inference/quant/rowint4.py): w = S s u - M t."""
+
+    k = 192
+
+    @staticmethod
+    def parts(u, sub, mins, scale, min_scale) -> list[torch.Tensor]:
+        return [rowint4.pack(u), sub, scale, mins, min_scale]
+
+    @classmethod
+    def random(cls, n, k, gen) -> list[torch.Tensor]:
+        u = torch.randint(0, 16, (n, k), generator=gen).to(torch.uint8)
+        sub = torch.randint(1, 256, (n, k // 32), generator=gen).to(torch.uint8)
+        mins = torch.randint(-127, 128, (n, k // 32), generator=gen).to(torch.int8)
+        scale, min_scale = torch.rand(n, generator=gen) / 100, torch.rand(n, generator=gen) / 10
+        return cls.parts(u, sub, mins, scale, min_scale)
+
+    @staticmethod
+    def product(parts, xq) -> torch.Tensor:
+        """Before the rows' scales: S x sum_g s_g sum u x - M x sum_g t_g sum x, both sums
+        exact (int64), each float product rounded, then the difference."""
+        q4, sub, scale, mins, min_scale = parts
+        u = rowint4.unpack(q4).long()
+        steps = (u.view(len(u), -1, 32) * sub.long()[..., None]).flatten(1)
+        sums = xq.view(len(xq), -1, 32).sum(-1)
+        return (xq @ steps.T).float() * scale - (sums @ mins.long().T).float() * min_scale
+
+    @staticmethod
+    def run(library, parts, bias, x):
+        return library.linear4(parts, bias, x)
+
+
+WEIGHTS = {"int8-row": Int8Weights, "int4-row": Int4Weights}
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
-def test_linear_is_the_exact_integer_product(any_library, rows):
-    library = any_library
+def test_linear_is_the_exact_integer_product(any_library, rows, kind):
+    library, weights = any_library, WEIGHTS[kind]
     gen = torch.Generator().manual_seed(rows)
-    weight_q = torch.randint(-127, 128, (80, 96), generator=gen, dtype=torch.int8)
-    weight_scale = torch.rand(80, generator=gen) / 100
+    parts = weights.random(80, weights.k, gen)
     bias = torch.randn(80, generator=gen)
-    x = torch.randn(rows, 96, generator=gen) * torch.rand(rows, 1, generator=gen) * 10
+    x = torch.randn(rows, weights.k, generator=gen) * torch.rand(rows, 1, generator=gen) * 10
     x[:, 0] *= 40  # an outlier channel
-    got = library.linear(weight_q, weight_scale, bias, x)
-    assert torch.equal(got, reference_product(weight_q, weight_scale, bias, x))
-    # the extremes: every product at +-127 x 127 sums exactly (no 16-bit saturation)
+    xq, scale = row_integers(x)
+    want = weights.product(parts, xq) * scale + bias
+    assert torch.equal(weights.run(library, parts, bias, x), want)
+
+
+def test_the_int8_products_extremes_sum_exactly(any_library):
+    """Every product at +-127 x 127 sums exactly (no 16-bit saturation)."""
     full = torch.full((8, 96), 127, dtype=torch.int8)
-    top = library.linear(full, torch.ones(8), None, torch.full((1, 96), -5.0))
+    top = any_library.linear(full, torch.ones(8), None, torch.full((1, 96), -5.0))
     assert torch.equal(top, torch.full((1, 8), -127.0 * 127 * 96 * (5 / 127)))
+
+
+@pytest.mark.parametrize("x, t", [(127.0, -127), (-127.0, 127), (127.0, 0)])
+def test_the_4bit_products_extremes_sum_exactly_at_the_longest_k(any_library, x, t):
+    """At step.c's K4_MAX (32,768), every nibble 15 and every step 255, the largest
+    products (15 x 127) fill each 32-bit lane nearly to 2^31 and the sums are far past it
+    (int64), the offsets' too: exact, on every build."""
+    k, n = 32768, 4
+    parts = Int4Weights.parts(
+        torch.full((n, k), 15, dtype=torch.uint8), torch.full((n, k // 32), 255, dtype=torch.uint8),
+        torch.full((n, k // 32), t, dtype=torch.int8), torch.ones(n), torch.ones(n),
+    )  # fmt: skip
+    got = any_library.linear4(parts, None, torch.full((1, k), x))
+    steps = torch.tensor([k * 255 * 15 * int(x)], dtype=torch.float64).float()
+    offsets = torch.tensor([k * t * int(x)], dtype=torch.float64).float()
+    assert torch.equal(got, (steps - offsets).expand(1, n))
 
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
@@ -146,19 +222,25 @@ def tokenizer(embedded_dir):
     return AutoTokenizer.from_pretrained(embedded_dir)
 
 
-def load(embedded_dir, tokenizer, library: Library | None) -> Decoder:
+def load(embedded_dir, tokenizer, library: Library | None, kind: str = "int8-row") -> Decoder:
     """The embedded model as the server loads it, for `library`'s step or torch's."""
     from inference.loading.checkpoint import load_quantized
     from inference.quant.smooth import CALIBRATION_TEXT
 
     calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-    model = load_quantized(embedded_dir, "int8-row", "auto", calibration, native=library)
+    model = load_quantized(embedded_dir, kind, "auto", calibration, native=library)
     return Decoder(model, CONTEXT, library)
 
 
+@pytest.fixture(scope="module", params=ROW_KINDS)
+def row_kind(request) -> str:
+    """The weights' format: int8 per channel, or 4-bit in groups (int4-row)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def native_decoder(embedded_dir, tokenizer, library) -> Decoder:
-    decoder = load(embedded_dir, tokenizer, library)
+def native_decoder(embedded_dir, tokenizer, library, row_kind) -> Decoder:
+    decoder = load(embedded_dir, tokenizer, library, row_kind)
     assert decoder.native == library.isa
     return decoder
 
@@ -230,8 +312,8 @@ def test_buffers_kept_from_step_to_step_change_no_bits(native_decoder, monkeypat
 
 
 @pytest.fixture(scope="module")
-def own_build_steps(embedded_dir, tokenizer) -> list[torch.Tensor]:
-    decoder = load(embedded_dir, tokenizer, built(build.this_cpu()))
+def own_build_steps(embedded_dir, tokenizer, row_kind) -> list[torch.Tensor]:
+    decoder = load(embedded_dir, tokenizer, built(build.this_cpu()), row_kind)
     return steps(decoder, [list(range(100, 137)), [5, 6]], 2, together=True)
 
 
@@ -261,6 +343,7 @@ def torch_decoder(embedded_dir, tokenizer) -> Decoder:
 MIN_AGREEMENT = 0.80
 
 
+@pytest.mark.parametrize("row_kind", ["int8-row"], indirect=True)  # torch has no 4-bit
 def test_token_choices_are_the_torch_steps_on_the_quality_texts(
     tokenizer, native_decoder, torch_decoder
 ):

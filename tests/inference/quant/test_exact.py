@@ -32,6 +32,7 @@ def inputs() -> dict[str, torch.Tensor]:
 
 def digests() -> dict[str, str]:
     """A hash of each function's output on inputs(); the same in every process and CPU."""
+    from inference.quant.rowint4 import quantize_weight
     from inference.runtime import sampler
 
     x = inputs()
@@ -44,6 +45,9 @@ def digests() -> dict[str, str]:
         "cumulative": exact.cumulative(x["wide"].abs()),
         "softmax": sampler.softmax(x["scores"] / 0.7),
         "logprobs": torch.tensor(sampler.logprobs(x["scores"], 3, 5)[1]),
+        "rowint4": torch.cat(
+            [p.contiguous().view(torch.uint8).flatten() for p in quantize_weight(x["a"].float())]
+        ),
         "draws": torch.tensor(
             [
                 sampler.pick(x["scores"], 0.8, 0.9, torch.Generator().manual_seed(s), 40, 0.01)
