@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench.models import MODEL_HELP
 from bench.peer_llamacpp import PEERS
 
 
@@ -19,12 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure deskchat's engine (as configured by DESKCHAT_* settings) against "
         "plain transformers (fp32 model.generate), alternating them in one run.",
     )
-    parser.add_argument(
-        "--model",
-        default="qwen-shape",
-        help="a model folder, 'embedded' (SmolLM2-135M) or 'qwen-shape' "
-        "(Qwen2.5-0.5B shape, random weights, built once into the cache)",
-    )
+    parser.add_argument("--model", default="qwen-shape", help=MODEL_HELP)
     parser.add_argument(
         "--fixture",
         default=None,
