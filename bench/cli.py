@@ -1,6 +1,6 @@
 """`python -m bench`: the arguments, and which benchmark runs (side by side, --http,
---batch-curve, --latency, --speculation, --prefix); the JSON report written where --json
-says."""
+--batch-curve, --latency, --speculation, --prefix, --versus-server); the JSON report written
+where --json says."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "12-exchange chat and fresh prompts, cache on and off (python -m bench --prefix --help)",
     )
     parser.add_argument(
+        "--versus-server",
+        action="store_true",
+        help="deskchat's server against llama-server instead, each alone at its defaults, "
+        "through streamed /v1/chat/completions (python -m bench --versus-server --help)",
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving import prefix
 
         return prefix.main([a for a in argv if a != "--prefix"])
+    if "--versus-server" in argv:  # its own options: bench/serving/versus.py
+        from bench.serving import versus
+
+        return versus.main([a for a in argv if a != "--versus-server"])
     if "--speculation" in argv:  # its own options: bench/compare/speculation.py
         from bench.compare import speculation
 
