@@ -112,7 +112,8 @@ def convert(model_dir: Path, src: Path, outfile: Path, outtype: str, log=print) 
     """The HF folder as one GGUF of `outtype`, by llama.cpp's converter in the tree `src`."""
     log(f"converting {model_dir} to GGUF ({outtype}) with {src / 'convert_hf_to_gguf.py'} ...")
     started = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
+    path = [str(src / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     done = subprocess.run(
         [
             sys.executable,
@@ -128,7 +129,8 @@ def convert(model_dir: Path, src: Path, outfile: Path, outtype: str, log=print) 
         text=True,
     )
     if done.returncode:
-        raise PeerMissing(f"convert_hf_to_gguf.py failed:\n{done.stderr.strip()[-2000:]}")
+        hint = f" (its imports: {INSTALL_HINT})" if "No module named" in done.stderr else ""
+        raise PeerMissing(f"convert_hf_to_gguf.py failed{hint}:\n{done.stderr.strip()[-2000:]}")
     log(f"  converted in {time.perf_counter() - started:.1f} s")
 
 

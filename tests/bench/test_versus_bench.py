@@ -156,3 +156,11 @@ def test_a_missing_llama_server_says_how_to_get_one(tmp_path, capsys):
         server.write_text("#!/bin/sh\n")
         server.chmod(0o755)
         llama_server.tools(server)
+
+
+def test_a_converter_missing_a_module_names_the_install(tmp_path):
+    from bench.peer_llamacpp import INSTALL_HINT, convert
+
+    (tmp_path / "convert_hf_to_gguf.py").write_text("import sentencepiece_not_here\n")
+    with pytest.raises(PeerMissing, match=INSTALL_HINT.replace(".", r"\.")):
+        convert(tmp_path, tmp_path, tmp_path / "out.gguf", "bf16", log=lambda _t: None)
