@@ -1,6 +1,6 @@
 """`python -m bench`: the arguments, and which benchmark runs (side by side, --http,
---batch-curve, --latency, --speculation, --prefix); the JSON report written where --json
-says."""
+--batch-curve, --latency, --speculation, --prefix, --versus-server); the JSON report written
+where --json says."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench.models import MODEL_HELP
 from bench.peer_llamacpp import PEERS
 
 
@@ -19,12 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure deskchat's engine (as configured by DESKCHAT_* settings) against "
         "plain transformers (fp32 model.generate), alternating them in one run.",
     )
-    parser.add_argument(
-        "--model",
-        default="qwen-shape",
-        help="a model folder, 'embedded' (SmolLM2-135M) or 'qwen-shape' "
-        "(Qwen2.5-0.5B shape, random weights, built once into the cache)",
-    )
+    parser.add_argument("--model", default="qwen-shape", help=MODEL_HELP)
     parser.add_argument(
         "--fixture",
         default=None,
@@ -68,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "12-exchange chat and fresh prompts, cache on and off (python -m bench --prefix --help)",
     )
     parser.add_argument(
+        "--versus-server",
+        action="store_true",
+        help="deskchat's server against llama-server instead, each alone at its defaults, "
+        "through streamed /v1/chat/completions (python -m bench --versus-server --help)",
+    )
+    parser.add_argument(
         "--peer",
         choices=PEERS,
         help="also measure llama.cpp (llama-cpp-python) on the same weights as GGUF Q8_0 and "
@@ -86,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving import prefix
 
         return prefix.main([a for a in argv if a != "--prefix"])
+    if "--versus-server" in argv:  # its own options: bench/serving/versus.py
+        from bench.serving import versus
+
+        return versus.main([a for a in argv if a != "--versus-server"])
     if "--speculation" in argv:  # its own options: bench/compare/speculation.py
         from bench.compare import speculation
 

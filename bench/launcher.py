@@ -1,5 +1,6 @@
-"""Start `server.py` as its own process: given flags, environment and priority, on a free
-loopback port, its log in a file; wait until it answers /health, stop it by its process id."""
+"""Start `server.py` (or another HTTP server, as llama-server) as its own process: given
+flags, environment and priority, on a free loopback port, its log in a file; wait until it
+answers /health, stop it by its process id."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,18 +65,20 @@ def _prioritize(nice: int | None):
     return apply
 
 
-class Server:
-    """`python server.py` with one Setting, in its own session, on a free loopback port."""
+class Process:
+    """A server program in its own session, on a free loopback port: `command(port)` gives
+    its command line. Ready when GET /health answers 200 (deskchat and llama-server alike)."""
 
-    def __init__(self, model: Path, cache_dir: Path, chosen: Setting, log_dir: Path):
+    def __init__(
+        self, command: Callable[[int], list[str]], log_dir: Path, chosen: Setting | None = None
+    ):
+        chosen = chosen or Setting()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, str(ROOT / "server.py"), "--port", str(self.port)]
-        cmd += ["--model", str(model), "--cache-dir", str(cache_dir), *chosen.flags]
         self.proc = subprocess.Popen(
-            cmd,
+            command(self.port),
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -109,3 +113,14 @@ class Server:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+
+
+class Server(Process):
+    """`python server.py` with one Setting."""
+
+    def __init__(self, model: Path, cache_dir: Path, chosen: Setting, log_dir: Path):
+        def command(port: int) -> list[str]:
+            cmd = [sys.executable, str(ROOT / "server.py"), "--port", str(port)]
+            return cmd + ["--model", str(model), "--cache-dir", str(cache_dir), *chosen.flags]
+
+        super().__init__(command, log_dir, chosen)

@@ -108,6 +108,32 @@ def converter_dir(cache_dir: Path, log=print) -> Path:
     return root
 
 
+def convert(model_dir: Path, src: Path, outfile: Path, outtype: str, log=print) -> None:
+    """The HF folder as one GGUF of `outtype`, by llama.cpp's converter in the tree `src`."""
+    log(f"converting {model_dir} to GGUF ({outtype}) with {src / 'convert_hf_to_gguf.py'} ...")
+    started = time.perf_counter()
+    path = [str(src / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(src / "convert_hf_to_gguf.py"),
+            str(model_dir),
+            "--outtype",
+            outtype,
+            "--outfile",
+            str(outfile),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        hint = f" (its imports: {INSTALL_HINT})" if "No module named" in done.stderr else ""
+        raise PeerMissing(f"convert_hf_to_gguf.py failed{hint}:\n{done.stderr.strip()[-2000:]}")
+    log(f"  converted in {time.perf_counter() - started:.1f} s")
+
+
 def ensure_ggufs(
     model_dir: Path, cache_dir: Path, threads: int, log=print, outtype: str = "bf16"
 ) -> dict[str, Path]:
@@ -120,30 +146,10 @@ def ensure_ggufs(
     source = f"{Path(model_dir).resolve()} llama-cpp-python {VERSION}\n"
     if mark.is_file() and mark.read_text() == source and all(p.is_file() for p in paths.values()):
         return paths
-    src = converter_dir(cache_dir, log)
     folder.mkdir(parents=True, exist_ok=True)
     mark.unlink(missing_ok=True)
     whole = folder / f"{outtype}.gguf.tmp"
-    log(f"converting {model_dir} to GGUF ({outtype}) with {src / 'convert_hf_to_gguf.py'} ...")
-    started = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(src / "convert_hf_to_gguf.py"),
-            str(model_dir),
-            "--outtype",
-            outtype,
-            "--outfile",
-            str(whole),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise PeerMissing(f"convert_hf_to_gguf.py failed:\n{done.stderr.strip()[-2000:]}")
-    log(f"  converted in {time.perf_counter() - started:.1f} s")
+    convert(model_dir, converter_dir(cache_dir, log), whole, outtype, log)
     try:
         for side, ftype in QUANTS.items():
             started = time.perf_counter()

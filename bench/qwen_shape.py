@@ -1,7 +1,10 @@
-"""The Qwen2.5-0.5B-Instruct shape with random weights, built once into the cache.
+"""The Qwen2.5-Instruct shapes (0.5B, 1.5B, 3B) with random weights, built once into the cache.
 
-Built from the shared fixture (tokenizer and config of the real model, no weights; see its
-NOTICE.md), never from files in this repository: the fixture stays where it is.
+Built from the shared fixture (tokenizer and config of the real 0.5B model, no weights; see
+its NOTICE.md), never from files in this repository: the fixture stays where it is. The
+bigger shapes are the 0.5B config with the published sizes of Qwen2.5-1.5B and -3B put in
+(both tie their embeddings, as the 0.5B does), so a bench can see how the gap to a peer
+moves with the model's size; same tokenizer, same seeded random init.
 """
 
 from __future__ import annotations
@@ -16,6 +19,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURE = REPO_ROOT.parent / "shared" / "fixtures" / "qwen2.5-0.5b-instruct"
 SEED = 0
 _DONE_MARK = ".built"
+# --model name -> what it changes in the fixture's (0.5B) config; the rest stays the fixture's.
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen-shape": {},
+    "qwen-shape-1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
+    "qwen-shape-3b": {
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+    },
+}
 
 
 class FixtureMissing(RuntimeError):
@@ -27,31 +48,45 @@ def fixture_dir(given: str | None = None) -> Path:
     return Path(given or os.environ.get(FIXTURE_ENV) or DEFAULT_FIXTURE).expanduser()
 
 
-def qwen_shape_dir(cache_dir: Path, fixture: Path) -> Path:
-    """The cached random-weight model folder, building it first if needed."""
-    target = cache_dir / "qwen-shape"
+def shape_config(fixture: Path, name: str = "qwen-shape"):
+    """The fixture's config with the shape's sizes put in. Built anew from the dict, not
+    overridden after loading: the per-layer lists (layer_types) must follow the layer count."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(fixture)
+    if not SHAPES[name]:
+        return config
+    fields = config.to_dict()
+    fields.pop("layer_types", None)
+    fields.update(SHAPES[name])
+    return type(config).from_dict(fields)
+
+
+def qwen_shape_dir(cache_dir: Path, fixture: Path, name: str = "qwen-shape") -> Path:
+    """The cached random-weight model folder of shape `name`, building it first if needed."""
+    target = cache_dir / name
     if (target / _DONE_MARK).is_file():
         return target
     if not (fixture / "config.json").is_file():
         raise FixtureMissing(
-            f"the Qwen2.5-0.5B shape fixture is not at {fixture} (no config.json there); "
+            f"the Qwen2.5 shape fixture is not at {fixture} (no config.json there); "
             f"pass --fixture DIR or set {FIXTURE_ENV}"
         )
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".qwen-shape-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         torch.manual_seed(SEED)
-        config = AutoConfig.from_pretrained(fixture)
+        config = shape_config(fixture, name)
         # bf16, as the real checkpoint is stored: same bytes on disk, same load path.
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.save_pretrained(staging)
         del model
         AutoTokenizer.from_pretrained(fixture).save_pretrained(staging)
         GenerationConfig.from_pretrained(fixture).save_pretrained(staging)
-        (staging / _DONE_MARK).write_text(f"seed {SEED} from {fixture}\n")
+        (staging / _DONE_MARK).write_text(f"{name}: seed {SEED} from {fixture}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     finally:

@@ -1,4 +1,5 @@
-"""--http: measure a running deskchat server through POST /chat, streamed, N clients at once.
+"""--http: measure a running deskchat server through POST /chat, streamed, N clients at once;
+and the streamed clients of both dialects the other HTTP benches send with.
 
 Each client sends the fixed prompts `rounds` times, one request after the other; TTFT is
 the time to the first `delta` event, latency the time to the `done` event, and the gaps
@@ -18,30 +19,46 @@ from bench.prompts import PROMPTS
 from bench.stats import percentile
 
 
+class StreamRefused(Exception):
+    """The server answered a streamed POST with another status than 200."""
+
+
+def stream_lines(url: str, path: str, body: dict, timeout: float):
+    """The lines of a streamed POST's answer (server-sent events), stripped."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            parts.path.rstrip("/") + path,
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            raise StreamRefused(f"HTTP {response.status}: {response.read()[:200]!r}")
+        for raw in response:
+            yield raw.decode("utf-8").strip()
+    finally:
+        conn.close()
+
+
+def _error_text(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, StreamRefused) else f"{type(exc).__name__}: {exc}"
+
+
 def chat_once(
     url: str, messages: list[dict], max_tokens: int, timeout: float = 600, **fields
 ) -> dict:
     """One streamed request; {ttft_ms, latency_s, tokens, arrivals, text, done} or {error}.
     `arrivals` are the perf_counter times of the deltas, `text` their text, `done` the final
     event (usage, timings); `fields` are more body fields (temperature, ...)."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True, **fields})
+    body = {"messages": messages, "max_tokens": max_tokens, "stream": True, **fields}
     started = time.perf_counter()
     arrivals: list[float] = []
     pieces: list[str] = []
     try:
-        conn.request(
-            "POST",
-            parts.path.rstrip("/") + "/chat",
-            body=body,
-            headers={"Content-Type": "application/json"},
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            return {"error": f"HTTP {response.status}: {response.read()[:200]!r}"}
-        for raw in response:
-            line = raw.decode("utf-8").strip()
+        for line in stream_lines(url, "/chat", body, timeout):
             if line.startswith("event: error"):
                 return {"error": "error event in the stream"}
             if not line.startswith("data: "):
@@ -61,10 +78,44 @@ def chat_once(
                     "done": event,
                 }
         return {"error": "the stream ended without a done event"}
-    except (OSError, ValueError, KeyError) as exc:  # network, or a malformed event
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        conn.close()
+    except (OSError, ValueError, KeyError, StreamRefused) as exc:  # network, or a bad event
+        return {"error": _error_text(exc)}
+
+
+def openai_once(url: str, body: dict, timeout: float = 600) -> dict:
+    """One streamed POST /v1/chat/completions as any OpenAI client sends it (deskchat and
+    llama-server alike); {ttft_ms, latency_s, tokens, prompt_tokens, arrivals, finish_reason}
+    or {error}. `arrivals`: the times of the chunks that carry text (the first chunk's empty
+    role-only delta is no token); the token counts are the server's usage."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    finish = usage = None
+    try:
+        for line in stream_lines(url, "/v1/chat/completions", body, timeout):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return {"error": f"error in the stream: {chunk['error']}"}
+            for choice in chunk.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
+                finish = choice.get("finish_reason") or finish
+            usage = chunk.get("usage") or usage
+    except (OSError, ValueError, StreamRefused) as exc:
+        return {"error": _error_text(exc)}
+    end = time.perf_counter()
+    if not usage or not arrivals:
+        return {"error": f"no {'usage' if arrivals else 'text'} in the stream"}
+    return {
+        "ttft_ms": (arrivals[0] - started) * 1000,
+        "latency_s": end - started,
+        "tokens": usage["completion_tokens"],
+        "prompt_tokens": usage["prompt_tokens"],
+        "arrivals": arrivals,
+        "finish_reason": finish,
+    }
 
 
 def run_http(url: str, clients: int, rounds: int, max_tokens: int) -> dict:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.launcher import Server, Setting
-from bench.models import resolve_model
+from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
 from bench.stats import QUANTILES, summary
@@ -272,11 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seconds", type=float, default=60, help="of requests per cell")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
-    parser.add_argument(
-        "--model",
-        default="qwen-shape",
-        help="qwen-shape (Qwen2.5-0.5B shape, random weights), embedded, or a model folder",
-    )
+    parser.add_argument("--model", default="qwen-shape", help=MODEL_HELP)
     parser.add_argument("--url", help="measure this running server instead (one row)")
     parser.add_argument(
         "--memory-mb",
