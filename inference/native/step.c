@@ -272,8 +272,10 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
  * The counter is one 64-bit word, `claim`: the pass's generation, its item count and the
  * next unclaimed item. A thread claims with a compare-and-swap of the whole word, so it can
  * only ever take items of the pass it read the word of, within that pass's count, even if
- * it was descheduled for several passes in between (a generation of 20 bits would have to
- * come round, with the same count and next item, while one thread is off its CPU).
+ * it was descheduled for several passes in between. It reads `active` between its load of
+ * the word and the swap, so a swap that succeeds proves that count is its pass's: a thread
+ * whose id the pass does not use (whose scratch it may not have) takes nothing, even if the
+ * 20-bit generation came round while it was off its CPU.
  *
  * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
  * In the server that is the inference thread (inference/runtime/worker.py), which loads the
@@ -327,7 +329,7 @@ static void take_items(unsigned gen, int thread) {
     for (;;) {
         uint64_t word = atomic_load(&pool.claim);
         int items = (int)((word >> COUNT_BITS) & COUNT_MASK), next = (int)(word & COUNT_MASK);
-        if (gen_of(word) != gen || next >= items) return;
+        if (gen_of(word) != gen || next >= items || thread >= atomic_load(&pool.active)) return;
         int end = next + pool.chunk < items ? next + pool.chunk : items;
         if (!atomic_compare_exchange_weak(&pool.claim, &word, word + (uint64_t)(end - next)))
             continue;
@@ -343,7 +345,7 @@ static void *worker(void *arg) {
     unsigned seen = pool.born[id], gen;
     for (;;) {
         double since = 0;
-        int spins = 0;
+        unsigned spins = 0;
         while ((gen = gen_of(atomic_load(&pool.claim))) == seen) {
             relax();
             if (++spins % 256) continue;
@@ -358,7 +360,7 @@ static void *worker(void *arg) {
             }
         }
         seen = gen;
-        if (id < pool.active) take_items(gen, id);
+        take_items(gen, id);
     }
     return NULL;
 }
@@ -396,7 +398,7 @@ static void run(int threads, work_fn fn, void *ctx, int items) {
         pthread_mutex_unlock(&pool.mutex);
     }
     take_items(gen, 0);
-    int spins = 0;
+    unsigned spins = 0;
     while (atomic_load(&pool.finished) < items)
         if (++spins % 1024) relax();
         else sched_yield();
