@@ -1,7 +1,7 @@
 """The native step's builds side by side in one process: which level is fastest on this CPU.
 
     python -m bench.engine.native_levels [--model qwen-shape|embedded|DIR] [--levels avx2,avx-vnni]
-        [--prompt 512] [--decode 32] [--rounds 5] [--threads 2]
+        [--quantize int8-row|int4-row] [--prompt 512] [--decode 32] [--rounds 5] [--threads 2]
 
 Why: a build level (inference/native/build.py) differs from another only in its kernels, so
 the model is loaded once and each level's library gets its own NativeModel over the same
@@ -10,7 +10,9 @@ a drift of the machine's load hits all alike): a `--prompt`-token prefill in one
 `--decode` one-row steps, then `--decode` steps of 4 streams at once. It prints one JSON
 line per level with the medians (prompt tokens/s, decode tokens/s, 4-stream tokens/s) and
 each round's figures, then the 1-minute load average before and after. Every level must
-give the same logits (the tests' claim): a level that does not is reported.
+give the same logits (the tests' claim): a level that does not is reported. A level may also
+be a built library's path (`python -m inference.native.build --isa avx2 --dir DIR` in another
+checkout): a kernel change measured against the build before it, in one process.
 
 Each rate is given twice: by the wall clock, and by the calling thread's CPU time
 (`time.thread_time`, the `cpu_` ones). At `--threads 1` the step runs on the calling thread
@@ -26,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 STREAMS = 4
 
@@ -71,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     prog = "python -m bench.engine.native_levels"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--model", default="qwen-shape")
-    parser.add_argument("--levels", default=None, help="default: every level this CPU runs")
+    parser.add_argument(
+        "--levels", default=None, help="default: every level this CPU runs; or libraries' paths"
+    )
+    parser.add_argument("--quantize", default="int8-row", choices=("int8-row", "int4-row"))
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
@@ -90,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     from service.config import load_config
 
     levels = args.levels.split(",") if args.levels else build.runnable_here()
-    libraries = {lvl: Library(build.build(lvl)) for lvl in levels}
+    libraries = {
+        lvl: Library(Path(lvl) if lvl.endswith(".so") else build.build(lvl)) for lvl in levels
+    }
     folder = resolve_model(args.model, load_config([], dict(os.environ)).cache_dir, None)
     calibration = AutoTokenizer.from_pretrained(folder)(CALIBRATION_TEXT, return_tensors="pt")
     first = libraries[levels[0]]
-    model = load_quantized(folder, "int8-row", "auto", calibration["input_ids"], native=first)
+    model = load_quantized(folder, args.quantize, "auto", calibration["input_ids"], native=first)
     decoder = Decoder(model, args.prompt + args.decode + 16, first)
     steps = {lvl: NativeModel(lib, decoder) for lvl, lib in libraries.items()}
     torch.set_num_threads(args.threads)
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             row[key] = round(statistics.median(x[key] for x in rounds[lvl]), 1)
         row["rounds"] = [{k: round(v, 1) for k, v in x.items()} for x in rounds[lvl]]
         print(json.dumps(row), flush=True)
-    tail = {"model": folder.name, "threads": args.threads, "prompt": args.prompt}
+    tail = {"model": folder.name, "quantize": args.quantize, "threads": args.threads}
+    tail["prompt"] = args.prompt
     tail |= {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}
     print(json.dumps(tail))
     return 1 if differ else 0
