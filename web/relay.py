@@ -59,7 +59,8 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     grammar = _grammar(chat_request, runtime)
     prompt_ids = prompt_of(chat_request, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
-    admit(len(prompt_ids), config, runtime.worker)
+    cached = runtime.prefixes.cached_tokens(prompt_ids) if runtime.prefixes else 0
+    admit(len(prompt_ids), config, runtime.worker, cached)
     sampling = Sampling(
         max_tokens=answer_budget(
             len(prompt_ids),
@@ -115,21 +116,25 @@ def _grammar(chat_request: ChatRequest, runtime: Runtime) -> Grammar | None:
     return runtime.grammars.compile_lark(lark, "tools")
 
 
-def admit(prompt_tokens: int, config: Config, worker: Worker) -> None:
+def admit(prompt_tokens: int, config: Config, worker: Worker, cached_tokens: int = 0) -> None:
     """Refuse now a prompt whose prefill alone could never end within the deadline (413), or
     one that cannot get its first token before the deadline behind the queue ahead (503,
     retry when enough of the queue has drained). Queue wait and prefill come from the
     worker's measured averages; before anything was measured, nothing is refused here (the
-    prompt's length was checked by `PromptBuilder.check_fits`). The answer's own decode is
-    not counted: max_tokens is a ceiling."""
+    prompt's length was checked by `PromptBuilder.check_fits`). Only the tokens the prefix
+    cache does not hold (`cached_tokens`) are prefilled, so only they count: a tool's long
+    system prompt, computed once, does not get its later requests refused. The answer's own
+    decode is not counted: max_tokens is a ceiling."""
     if not worker.measured:
         return
     deadline_s = config.request_timeout
-    prefill_s = worker.expected_prefill_s(prompt_tokens)
+    computed = prompt_tokens - cached_tokens
+    prefill_s = worker.expected_prefill_s(computed)
     if prefill_s > deadline_s * ADMIT_SLACK:
+        held = f" ({cached_tokens} of them in the prefix cache)" if cached_tokens else ""
         raise PayloadTooLarge(
-            f"the prompt is {prompt_tokens} tokens; at the measured "
-            f"{prompt_tokens / prefill_s:.0f} prompt tokens/s its prefill alone takes about "
+            f"the prompt is {prompt_tokens} tokens{held}; at the measured "
+            f"{computed / prefill_s:.0f} prompt tokens/s its prefill alone takes about "
             f"{prefill_s:.1f} s, more than the {deadline_s:g} s request deadline"
         )
     wait_s = worker.expected_start_s(worker.depth)

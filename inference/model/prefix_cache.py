@@ -66,17 +66,29 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def restore(self, prompt_ids: list[int], cache: SequenceCache) -> int:
-        """Copy the longest cached prefix of `prompt_ids` into the empty `cache`; returns its
-        length in tokens. The last prompt token is always left to compute: its forward
-        gives the first answer token's logits."""
-        usable, size = (len(prompt_ids) - 1) // self.block, self.block
+    def _found(self, prompt_ids: list[int]) -> list[tuple[bytes, torch.Tensor]]:
+        """The cached blocks of the longest cached prefix of `prompt_ids`, never its last
+        token (whose forward gives the first answer token's logits)."""
         found = []
-        for key in _chain(prompt_ids, usable, size):
+        for key in _chain(prompt_ids, (len(prompt_ids) - 1) // self.block, self.block):
             block = self._blocks.get(key)
             if block is None:
                 break
             found.append((key, block))
+        return found
+
+    def cached_tokens(self, prompt_ids: list[int]) -> int:
+        """How many prompt tokens `restore` would take from the cache now: admission's
+        estimate counts only the rest (web/relay.py). Called from request threads while the
+        inference thread keeps and drops blocks: single dict lookups (atomic in CPython),
+        recency untouched. Blocks may go before the job starts; it is an estimate."""
+        return len(self._found(prompt_ids)) * self.block
+
+    def restore(self, prompt_ids: list[int], cache: SequenceCache) -> int:
+        """Copy the longest cached prefix of `prompt_ids` into the empty `cache`; returns its
+        length in tokens. The last prompt token is always left to compute."""
+        size = self.block
+        found = self._found(prompt_ids)
         for key, _ in reversed(found):  # a prefix is used at least as recently as its ends
             self._blocks.move_to_end(key)
         tokens = len(found) * size

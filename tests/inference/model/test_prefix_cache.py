@@ -82,3 +82,18 @@ def test_low_memory_gives_everything_back():
     short[0] = True
     store.keep(prompt(BLOCK + 1, start=500), filled(prompt(BLOCK + 1, start=500)))
     assert len(store) == 0 and store.bytes == 0
+
+
+def test_counting_the_cached_tokens_changes_nothing():
+    store = PrefixCache(6 * PER_BLOCK)
+    first, second = prompt(3 * BLOCK + 1), prompt(3 * BLOCK + 1, start=1000)
+    store.keep(first, filled(first))
+    store.keep(second, filled(second))
+    assert store.cached_tokens(first) == store.cached_tokens(second) == 3 * BLOCK
+    assert store.cached_tokens(first[:-1]) == 2 * BLOCK  # its last token is never counted
+    assert (store.hits, store.misses) == (0, 0)
+    # first is still the least recent: one more block makes it give up its end, not second's
+    third = prompt(BLOCK + 1, start=5000)
+    store.keep(third, filled(third))
+    assert store.cached_tokens(first) == 2 * BLOCK
+    assert store.cached_tokens(second) == 3 * BLOCK

@@ -11,6 +11,7 @@ import pytest
 from inference.runtime.batch import FIRST_PREFILL_GUESS_S
 from inference.runtime.jobs import Done, Failed, Job, Sampling
 from inference.runtime.worker import Worker
+from service.errors import PayloadTooLarge
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import chat, wait_until
 
@@ -58,6 +59,34 @@ def test_prefill_that_can_never_fit_the_deadline_is_413_at_once(fake_server):
     assert [ord("z")] * 300 not in engine.ran
     # One that fits is served.
     assert chat(server.url, {"message": "w" * 50, "max_tokens": 2}).status == 200
+
+
+def test_only_the_tokens_the_prefix_cache_lacks_count_against_the_deadline(fake_server):
+    # The 413 case above, but the prompt's first 288 tokens are held by the prefix cache: 12
+    # computed tokens fit the deadline, so it is admitted; a prompt that shares nothing is not.
+    import torch
+
+    from inference.model.kvcache import SequenceCache
+    from inference.model.prefix_cache import BLOCK, PrefixCache
+
+    engine = FakeEngine(token_s=0.001, prefill_token_s=0.01)
+    server = fake_server(engine, "--request-timeout", "1")
+    server.worker.run_now([1] * 20, Sampling(max_tokens=1))
+    prefixes = server.runtime.prefixes = PrefixCache(1 << 20)
+    held = [ord("z")] * 300
+    cache = SequenceCache(1, 1, 8, capacity=300, dtype=torch.float16)
+    cache.reserve(300)
+    cache.commit(300)
+    prefixes.keep(held, cache)
+    assert prefixes.cached_tokens(held) == 300 // BLOCK * BLOCK == 288
+    # Admitted: the engine starts it (this scripted one computes all 300 tokens anyway, and
+    # may pass the deadline; a real engine restores the 288 and computes 12).
+    assert chat(server.url, {"message": "z" * 300, "max_tokens": 1}).status != 413
+    assert held in engine.ran
+    message = error_of(chat(server.url, {"message": "y" * 300}), 413, "too_large")
+    assert "300 tokens" in message and "prefix cache" not in message
+    held_message = error_of(chat(server.url, {"message": "z" * 290 + "y" * 200}), 413, "too_large")
+    assert "490 tokens (288 of them in the prefix cache)" in held_message
 
 
 def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(fake_server):
@@ -145,5 +174,10 @@ def test_a_long_prompt_run_in_a_full_batch_is_admitted_alone_after(embedded_dir)
         assert alone_s / 2 <= estimate <= 2 * alone_s, (estimate, alone_s)
         deadline = dataclasses.replace(config, request_timeout=1.5 * alone_s)
         admit(len(long_ids), deadline, worker)  # raises when refused
+        # Its prefix is now cached: a deadline the whole prefill cannot meet admits it.
+        tight = dataclasses.replace(config, request_timeout=estimate / 2)
+        with pytest.raises(PayloadTooLarge):
+            admit(len(long_ids), tight, worker)
+        admit(len(long_ids), tight, worker, engine.prefixes.cached_tokens(long_ids))
     finally:
         worker.stop()
