@@ -170,6 +170,8 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         runtime.status = text
         notifier.status(text)
 
+    # Made before the model is known: auto's weights, settled at the load (Plan.for_model),
+    # are int8-row or int4-row, both the same bits on any thread count, so this stays right.
     governor = governor_for(config.thread_policy, plan.quantize, config.threads)
     runtime.thread_governor = governor
     worker = Worker(

@@ -139,8 +139,10 @@ class Config:
     )
     quantize: str = _setting(
         "auto",
-        "Linear layers (lm_head too): auto (int8-row where fbgemm runs, AVX2 and newer; else "
-        "int8; none where no int8 kernel runs), none (float), int8-row (per-row activation "
+        "Linear layers (lm_head too): auto (int8-row where the native step or fbgemm runs; "
+        "int4-row instead, on the native step, for a model of 1B parameters or more or whose "
+        "int8 weights would take over a quarter of the RAM: docs/operations.md; else int8; "
+        "none where no int8 kernel runs), none (float), int8-row (per-row activation "
         "scales: batch-invariant answers, closest to float; needed for --max-batch above 1), "
         "int4-row (4-bit weights in groups of 32 with int8-row's rows, on the native step "
         "only: fewer bytes a token, docs/native.md), "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.httpclient import Stream, chat, request, stream_all, wait_until
+from tests.support.metrics import scrape
 
 
 def test_answers_a_factual_question(embedded_server):
@@ -113,18 +115,31 @@ def test_client_leaving_a_stream_frees_the_worker_at_once(embedded_server):
     assert time.monotonic() - started < 10
 
 
-def test_health_and_the_log_show_the_cpu_paths(embedded_server):
+def served_weights(url: str) -> str:
+    """The `quantization` label of /metrics' deskchat_model_info."""
+    samples = scrape(url)
+    (labels,) = [dict(k[1]) for k in samples if k[0] == "deskchat_model_info"]
+    return labels["quantization"]
+
+
+def test_health_and_the_log_show_the_cpu_paths(embedded_server, embedded_dir):
     from inference.host import cpu
+    from inference.loading.assemble import model_size
     from inference.native import build
 
     # the native step is on by default and built here (.ci/run installs the compiler)
     level = build.level(build.this_cpu())
     plan = cpu.plan_here("auto", library=SimpleNamespace(isa=level))
+    plan = plan.for_model(model_size(embedded_dir), cpu.ram_bytes())
     health = request(embedded_server.url, "GET", "/health").json()
     assert health["cpu"] == plan.as_dict()
     assert plan.as_dict()["paths"]["int8_row"] == "native"
     assert health["decode_step"] == f"native {level}" == health["cpu"]["step"]
     assert embedded_server.log().count(f"INFO deskchat.loading: {plan.summary()}") == 1
+    # auto on a small model (0.13B, 128 MB of int8 weights) and a PC of 1 GB or more
+    assert (health["cpu"]["quantize"], health["cpu"]["requested"]) == ("int8-row", "auto")
+    assert "(auto: " in plan.summary() and "0.13B parameters, under 1B, and " in plan.summary()
+    assert served_weights(embedded_server.url) == "int8-row"
 
 
 def test_health_answers_while_generating(embedded_server):
@@ -157,17 +172,43 @@ def test_log_has_one_line_per_request_and_no_text(embedded_server):
     assert reply.json()["response"].strip()[:20] not in embedded_server.log()
 
 
-def test_int4_row_serves_on_the_native_step_and_health_says_so(start_server, embedded_server):
+# A PC with 384 MB of RAM (MemTotal): under four times the embedded model's 128 MB of int8
+# weights, so auto serves 4-bit ones (inference/host/cpu.py, auto_weights).
+SMALL_RAM = """import psutil
+
+_measured = psutil.virtual_memory
+psutil.virtual_memory = lambda: _measured()._replace(total=384 * 2**20)
+"""
+
+
+def test_4_bit_weights_pinned_or_by_auto_on_a_small_pc_give_the_same_bits(
+    start_server, embedded_server, tmp_path
+):
     """--quantize int4-row (4-bit weights, opt-in) loads, answers, and /health names it with
-    a digest of its own weights (not int8-row's: a fleet must not mix the two)."""
+    a digest of its own weights (not int8-row's: a fleet must not mix the two). auto on a PC
+    whose RAM is too small for int8 rows serves the same 4-bit weights, bit for bit, and
+    /health, /metrics and the log line say so."""
     from inference.native import build
 
     proc = start_server("--model", "embedded", "--quantize", "int4-row")
     health = request(proc.url, "GET", "/health").json()
-    assert health["cpu"]["quantize"] == "int4-row"
+    assert (health["cpu"]["quantize"], health["cpu"]["requested"]) == ("int4-row", "int4-row")
     assert health["decode_step"] == f"native {build.level(build.this_cpu())}"
     default = request(embedded_server.url, "GET", "/health").json()
     assert len(health["weights_sha256"]) == 64
     assert health["weights_sha256"] != default["weights_sha256"]
     reply = chat(proc.url, {"message": "What is the capital of Japan?", "max_tokens": 12})
     assert reply.status == 200 and "Tokyo" in reply.json()["response"]
+
+    (tmp_path / "small-ram").mkdir()
+    (tmp_path / "small-ram" / "sitecustomize.py").write_text(SMALL_RAM)
+    path = os.pathsep.join(
+        filter(None, [str(tmp_path / "small-ram"), os.environ.get("PYTHONPATH")])
+    )
+    small = start_server("--model", "embedded", env={"PYTHONPATH": path})
+    shown = request(small.url, "GET", "/health").json()
+    assert (shown["cpu"]["quantize"], shown["cpu"]["requested"]) == ("int4-row", "auto")
+    assert shown["weights_sha256"] == health["weights_sha256"]
+    assert served_weights(small.url) == "int4-row"
+    assert "serving quantize=int4-row (auto: " in small.log()
+    assert "int8-row's 128 MB of weights over 1/4 of 384 MB RAM)" in small.log()

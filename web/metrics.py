@@ -71,8 +71,9 @@ class _LiveState:
             cpu = self.runtime.cpu or {}
             yield InfoMetricFamily(
                 "deskchat_model",
-                "The model served, how its linear layers are stored (what runs: an old CPU "
-                "auto serves int8, int8-row or fp32), the CPU generation and int8 kernel.",
+                "The model served, how its linear layers are stored (what runs: auto serves "
+                "int8-row; int4-row on the native step for a large model or a small RAM; "
+                "int8 or fp32 on an old CPU), the CPU generation and int8 kernel.",
                 value={
                     "model": self.runtime.model_name,
                     "quantization": cpu.get("quantize", self.config.quantize),

@@ -4,7 +4,8 @@ Old office PCs lack AVX2 (Sandy/Ivy Bridge) or even AVX (Nehalem/Westmere), and 
 uses a missing instruction kills the process with SIGILL, no log line. So the paths are
 chosen from the CPU's flags before anything runs, from what was seen to work under
 `qemu-x86_64 -cpu MODEL` (docs/old-cpus.md). `choose()` is pure (flags in, paths out) so
-tests can fake every generation; `detect()` reads this machine. It knows nothing of models.
+tests can fake every generation; `detect()` reads this machine. Of a model it knows only the
+size (`ModelSize`), from which `auto` picks int8 or 4-bit weights (`auto_weights`).
 """
 
 from __future__ import annotations
@@ -144,11 +145,13 @@ def choose(facts: CpuFacts) -> Paths:
 @dataclass(frozen=True)
 class Plan:
     """How this process runs the model, decided once at start and passed down: the CPU's
-    paths, the weights' format (`quantize`) and which step serves (`step`)."""
+    paths, the weights' format (`quantize`) and which step serves (`step`). `auto`'s
+    weights are settled once the model is known (`for_model`)."""
 
     paths: Paths
     requested: str  # --quantize
     quantize: str  # what is served: `requested`, or none where int8 cannot run
+    why: str = ""  # with auto: why these weights (auto_weights), for the log line
     # The native decode step's library (inference/native) when it was built and loaded here
     library: object | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -172,7 +175,8 @@ class Plan:
         p = self.paths
         fallback = ""
         if self.requested == DEFAULT_QUANTIZE:
-            fallback = f" (auto: {self.paths.isa}{', VNNI' if self.paths.vnni else ', no VNNI'})"
+            why = f"; {self.why}" if self.why else ""
+            fallback = f" (auto: {p.isa}{', VNNI' if p.vnni else ', no VNNI'}{why})"
         elif self.quantize != self.requested:
             fallback = f" (asked {self.requested}: no int8 kernel is known to work here)"
         return (
@@ -181,12 +185,73 @@ class Plan:
             f"serving quantize={self.quantize}{fallback}, step {self.step}"
         )
 
+    def for_model(self, size: ModelSize | None, mem_total: int) -> Plan:
+        """This plan once the model is known: `auto` on the native step serves int8 rows or
+        4-bit weights by the model's size and this PC's RAM (`auto_weights`); any other
+        plan stays as it is."""
+        if self.requested != DEFAULT_QUANTIZE or self.native is None:
+            return self
+        quantize, why = auto_weights(size, mem_total)
+        return dataclasses.replace(self, quantize=quantize, why=why)
+
     def as_dict(self) -> dict:
-        return {**self.paths.as_dict(), "quantize": self.quantize, "step": self.step}
+        """For /health: the paths, the weights that serve (`quantize`, auto resolved) and
+        the --quantize asked for."""
+        shown = {"quantize": self.quantize, "requested": self.requested, "step": self.step}
+        return {**self.paths.as_dict(), **shown}
 
 
 DEFAULT_QUANTIZE = "auto"
 NATIVE_KINDS = ("int8-row", "int4-row")  # what the native step runs
+
+# `auto` on the native step (issue 36): 4-bit weights for a model of FOUR_BIT_PARAMS
+# parameters or more, or whose int8 weights would take more than 1/RAM_SHARE of MemTotal;
+# int8 rows otherwise. docs/operations.md ("Which weights auto serves") has the measurements.
+# Decode reads every weight once a token: at the Qwen2.5-0.5B shape int8 rows decoded as
+# fast as 4-bit (1.01-1.09x in one process, docs/native.md) at half 4-bit's KL to fp32
+# (0.0235 vs 0.0535); at the 1.5B shape 4-bit decoded 1.12x faster (25.2 vs 22.5 tok/s) in
+# 23% less memory (VmHWM 1,979 vs 2,568 MB). 1B lies between the two sizes measured.
+FOUR_BIT_PARAMS = 1_000_000_000
+# The rest of the RAM is for the KV cache, the prefix cache (a sixteenth, at most 1 GB), the
+# OS and the office's own programs, which a desk PC keeps running beside the service.
+RAM_SHARE = 4
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What auto's choice of weights knows of a model: read from its config.json
+    (inference/loading/assemble.py's `model_size`), no weight loaded."""
+
+    params: int  # every weight once (a tied lm_head once): the "0.5B" of its name
+    int8_bytes: int  # int8 rows' resident Linears, lm_head included: a byte a weight
+    four_bit: bool  # int4-row can load it (Llama-style decoder in safetensors, k % 64 == 0)
+
+
+def auto_weights(size: ModelSize | None, mem_total: int) -> tuple[str, str]:
+    """The weights `auto` serves on the native step, int8-row or int4-row, for a model of
+    `size` (None: not known) on a PC with `mem_total` bytes of RAM, and why in a few words
+    (the log line). A fixed rule, not a measurement at start: the same model on PCs of the
+    same RAM always gets the same weights."""
+    if size is None:
+        return "int8-row", "the model's size is not known"
+    if not size.four_bit:
+        return "int8-row", "int4-row takes Llama-style decoders in safetensors only"
+    params = f"{size.params / 1e9:.2f}B parameters"
+    limit = f"{FOUR_BIT_PARAMS / 1e9:g}B"
+    int8 = f"int8-row's {size.int8_bytes / 2**20:,.0f} MB of weights"
+    ram = f"1/{RAM_SHARE} of {mem_total / 2**20:,.0f} MB RAM"
+    if size.params >= FOUR_BIT_PARAMS:
+        return "int4-row", f"{params}, {limit} or more"
+    if size.int8_bytes * RAM_SHARE > mem_total:
+        return "int4-row", f"{int8} over {ram}"
+    return "int8-row", f"{params}, under {limit}, and {int8} within {ram}"
+
+
+def ram_bytes() -> int:
+    """This PC's RAM (MemTotal), as the prefix cache's default budget reads it."""
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def plan(paths: Paths, requested: str, int8_engine: str = "auto", library=None) -> Plan:
@@ -209,9 +274,11 @@ def plan(paths: Paths, requested: str, int8_engine: str = "auto", library=None) 
     if requested == DEFAULT_QUANTIZE:
         # Per-row int8 where it runs: as fast as torch.ao's at one row (1.02x its decode step),
         # closer to float, and the same answer alone or in a batch (docs/speed.md).
+        # With the native step, `for_model` may take 4-bit weights once the model is known.
         row = paths.int8_row != NONE
         best = "int8-row" if row else "int8" if paths.int8 != NONE else NONE
-        return plan_of(paths, requested, best)
+        why = "" if library is not None else "no native step, which 4-bit weights need"
+        return plan_of(paths, requested, best, why)
     if requested == "int8" and paths.int8 == NONE:
         return plan_of(paths, requested, NONE)
     why = {

@@ -220,6 +220,38 @@ def plan_for(config: Config):
     return cpu.plan_here(config.quantize, config.int8_engine, lib)
 
 
+def model_size(folder: Path):
+    """The model's size (inference/host/cpu.py's ModelSize) from its config.json, for
+    auto's choice between int8 and 4-bit weights: cheap, no weight is read. None when the
+    config lacks a decoder's usual sizes."""
+    from transformers import AutoConfig
+
+    from inference.host import cpu
+    from inference.loading.checkpoint import LAYERWISE_TYPES
+    from inference.quant.rowint4 import BLOCK
+
+    config = AutoConfig.from_pretrained(folder)
+    try:
+        hidden, inner = config.hidden_size, config.intermediate_size
+        heads, layers = config.num_attention_heads, config.num_hidden_layers
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        attention = hidden * head_dim * 2 * (heads + kv_heads)  # q and o; k and v
+        linears = layers * (attention + 3 * hidden * inner) + config.vocab_size * hidden
+    except (AttributeError, TypeError):
+        return None
+    # int8 rows keep the lm_head (tied or not) as its own int8 Linear; the embedding table
+    # is mapped from the checkpoint's file (inference/quant/embedding.py).
+    tied = getattr(config, "tie_word_embeddings", False)
+    params = linears + (0 if tied else config.vocab_size * hidden)
+    four_bit = (
+        config.model_type in LAYERWISE_TYPES
+        and any(folder.glob("*.safetensors"))
+        and all(k % BLOCK == 0 for k in (hidden, heads * head_dim, inner))
+    )
+    return cpu.ModelSize(params, linears, four_bit)
+
+
 def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_tokenizer):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -231,6 +263,7 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
     from inference.runtime.prompt import PromptBuilder, read_only, shed_build_copies
 
     torch.set_num_threads(config.threads)
+    plan = plan.for_model(model_size(choice.path), cpu.ram_bytes())
     fell_back = plan.quantize != plan.requested and plan.requested != cpu.DEFAULT_QUANTIZE
     (log.warning if fell_back else log.info)("%s", plan.summary())
     cpu.use(plan)

@@ -200,3 +200,68 @@ def test_the_plan_names_the_step_that_serves():
     assert cpu.plan(paths, "int8", library=library).step == "torch"  # torch.ao's int8 weights
     assert cpu.plan(paths, "auto").step == "torch"
     assert native.on_torch().as_dict()["step"] == "torch"
+
+
+GB = 2**30
+LARGE = cpu.FOUR_BIT_PARAMS
+
+
+def size(params: int, int8_bytes: int | None = None, four_bit: bool = True) -> cpu.ModelSize:
+    return cpu.ModelSize(params, params if int8_bytes is None else int8_bytes, four_bit)
+
+
+@pytest.mark.parametrize(
+    "model, ram, weights",
+    [
+        (size(LARGE - 1), 64 * GB, "int8-row"),  # just under the size threshold
+        (size(LARGE), 64 * GB, "int4-row"),  # at it
+        (size(494_000_000, GB), 4 * GB, "int8-row"),  # int8 weights at exactly the RAM share
+        (size(494_000_000, GB + 1), 4 * GB, "int4-row"),  # one byte over it
+        (size(494_000_000), 7 * GB // 4, "int4-row"),  # Qwen2.5-0.5B on a 1.75 GB PC
+        (size(494_000_000), 2 * GB, "int8-row"),  # ... on a 2 GB one
+        (size(3 * LARGE, four_bit=False), GB, "int8-row"),  # int4-row cannot load it
+        (None, GB, "int8-row"),  # size not known
+    ],
+    ids=["under 1B", "1B", "at the RAM share", "over it", "0.5B 1.75 GB", "0.5B 2 GB",
+         "not Llama-style", "unknown"],
+)  # fmt: skip
+def test_auto_weights_by_size_and_ram(model, ram, weights):
+    chosen, why = cpu.auto_weights(model, ram)
+    assert chosen == weights and why
+
+
+def test_auto_weights_say_why():
+    assert cpu.auto_weights(size(1_543_569_408), 16 * GB)[1] == "1.54B parameters, 1B or more"
+    small = cpu.auto_weights(size(134_479_872), 384 * 2**20)[1]
+    assert small == "int8-row's 128 MB of weights over 1/4 of 384 MB RAM"
+
+
+def test_auto_takes_4_bit_for_a_large_model_only_on_the_native_step():
+    library = SimpleNamespace(isa="avx2")
+    paths = paths_of("Haswell")
+    native = cpu.plan(paths, "auto", library=library).for_model(size(LARGE), 64 * GB)
+    assert native.quantize == "int4-row" and native.native is library
+    assert native.as_dict()["quantize"] == "int4-row" and native.as_dict()["requested"] == "auto"
+    assert "serving quantize=int4-row (auto: avx2, no VNNI; 1.00B parameters, 1B or more)" in (
+        native.summary()
+    )
+    small = cpu.plan(paths, "auto", library=library).for_model(size(LARGE - 1), 64 * GB)
+    assert small.quantize == "int8-row" and small.native is library
+    # No native step: fbgemm's int8 rows, whatever the size; the log line says why
+    torch_rows = cpu.plan(paths, "auto").for_model(size(LARGE), GB)
+    assert torch_rows.quantize == "int8-row" and torch_rows.step == "torch"
+    assert "no native step, which 4-bit weights need" in torch_rows.summary()
+    assert cpu.plan(paths_of("Sandy / Ivy Bridge"), "auto").for_model(size(LARGE), GB).quantize == (
+        "int8"
+    )
+    # A pinned format is served as pinned, on any PC (docs/fleet.md)
+    for pinned in ("int8-row", "int4-row"):
+        plan = cpu.plan(paths, pinned, library=library).for_model(size(LARGE - 1), GB // 8)
+        assert plan.quantize == pinned and plan.as_dict()["requested"] == pinned
+
+
+def test_autos_weights_keep_the_thread_governor_made_before_the_model_is_known():
+    """server.py makes the governor from the plan before the load settles auto's weights."""
+    from inference.host.threads import THREAD_INVARIANT
+
+    assert set(cpu.NATIVE_KINDS) <= THREAD_INVARIANT

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from bench.qwen_shape import FIXTURE_ENV, fixture_dir
-from inference.loading.assemble import ModelChoice, load_model, sampling_defaults
+from inference.host import cpu
+from inference.loading.assemble import ModelChoice, load_model, model_size, sampling_defaults
 from inference.runtime.jobs import Sampling
 from service.config import load_config
 from tests.support.paths import TEST_CACHE
@@ -40,10 +41,13 @@ def bin_only_folder(tmp_path_factory, embedded_dir):
     return folder
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4", "none"])
-def test_a_bin_only_folder_loads_and_generates(bin_only_folder, quantize):
+@pytest.mark.parametrize("quantize", ["int8", "int4", "none", "auto"])
+def test_a_bin_only_folder_loads_and_generates(bin_only_folder, quantize, monkeypatch):
+    # auto: int8 rows, not 4-bit, even on a PC whose RAM alone would ask for 4-bit
+    monkeypatch.setattr(cpu, "ram_bytes", lambda: 2**20)
     config = load_config(["--quantize", quantize], environ={})
     engine, prompts = load_model(ModelChoice(bin_only_folder, "tiny"), config, lambda _: None)
+    assert engine.plan.quantize == ("int8-row" if quantize == "auto" else quantize)
     ids = prompts.encode([{"role": "user", "content": "hi"}])
     result = engine.run(ids, Sampling(max_tokens=4), lambda _: None, lambda: False)
     assert result.completion_tokens >= 1
@@ -135,3 +139,54 @@ def test_the_loaded_model_holds_no_autograd_graph(embedded_dir, tmp_path):
     model = load_quantized(embedded_dir, "int8-row", "auto", calibration, native)
     tensors = [*model.parameters(), *model.buffers()]
     assert tensors and all(t.grad_fn is None for t in tensors)
+
+
+# Qwen2.5-Instruct's published sizes (its config.json); both tie their embeddings.
+QWEN_SIZES = {
+    "0.5B": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2},
+    "1.5B": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+             "num_attention_heads": 12, "num_key_value_heads": 2},
+}  # fmt: skip
+
+
+def config_folder(folder, weights: str = "model.safetensors", **fields):
+    """A folder with a Qwen2 config.json and an empty weights file: all model_size reads."""
+    config = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    (folder / weights).write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name, params, weights",
+    [("0.5B", 493_961_216, "int8-row"), ("1.5B", 1_543_569_408, "int4-row")],
+)
+def test_the_size_is_read_from_config_json_alone(tmp_path, name, params, weights):
+    """Linear weights and the embedding, without biases and norms: the 1.5B shape's
+    safetensors hold 1,543,733,572 parameters (docs/speed.md), 0.01% more."""
+    size = model_size(config_folder(tmp_path, **QWEN_SIZES[name]))
+    assert size == cpu.ModelSize(params, params, four_bit=True)
+    assert cpu.auto_weights(size, 16 * 2**30)[0] == weights
+
+
+def test_an_untied_head_counts_twice_in_the_parameters_once_in_int8_bytes(tmp_path):
+    size = model_size(config_folder(tmp_path, tie_word_embeddings=False, **QWEN_SIZES["0.5B"]))
+    assert size.params - size.int8_bytes == 151936 * 896
+    assert size.int8_bytes == 493_961_216
+
+
+def test_4_bit_is_offered_only_for_what_int4_row_loads(tmp_path, embedded_dir):
+    assert model_size(embedded_dir) == cpu.ModelSize(134_479_872, 134_479_872, four_bit=True)
+    bin_only = tmp_path / "bin"
+    bin_only.mkdir()
+    assert not model_size(
+        config_folder(bin_only, "pytorch_model.bin", **QWEN_SIZES["0.5B"])
+    ).four_bit
+    odd = tmp_path / "odd"  # k not a multiple of 64 (rowint4.BLOCK)
+    odd.mkdir()
+    assert not model_size(config_folder(odd, **{**QWEN_SIZES["0.5B"], "hidden_size": 900})).four_bit
+    gpt2 = tmp_path / "gpt2"  # no intermediate_size: not sized, so int8 rows
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert model_size(gpt2) is None
