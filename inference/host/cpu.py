@@ -204,7 +204,7 @@ class Plan:
 DEFAULT_QUANTIZE = "auto"
 NATIVE_KINDS = ("int8-row", "int4-row")  # what the native step runs
 
-# `auto` on the native step (issue 36): 4-bit weights for a model of FOUR_BIT_PARAMS
+# `auto` on the native step: 4-bit weights for a model of FOUR_BIT_PARAMS
 # parameters or more, or whose int8 weights would take more than 1/RAM_SHARE of MemTotal;
 # int8 rows otherwise. docs/operations.md ("Which weights auto serves") has the measurements.
 # Decode reads every weight once a token: at the Qwen2.5-0.5B shape int8 rows decoded as
