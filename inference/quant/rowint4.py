@@ -10,8 +10,8 @@ native product (inference/native/step.c, dot4_rows) stays two exact integer sums
 sum_g s_g sum u x and sum_g t_g sum x, and the activations int8 per row as with int8-row.
 4.5 bits a weight plus 8 bytes a channel.
 
-The conversion gives the same bytes on every CPU (docs/same-answers.md): IEEE basic operations one per
-torch call, in float32 (correctly rounded in any vector width: the weights are float32 after
+The conversion gives the same bytes on every CPU (docs/same-answers.md): IEEE basic operations
+one per torch call, in float32 (correctly rounded in any vector width: the weights are float32 after
 smoothing anyway), maxima and comparisons, and the one sum (a group's squared error) as a
 fixed tree of elementwise adds instead of torch's sum, whose order follows the CPU's lanes.
 """
