@@ -4,7 +4,8 @@ For each setting (server flags, environment, priority) it starts `server.py` on 
 loopback port, warms it up, then for each condition (bench/serving/noise.py) sends short streamed
 `POST /chat` requests one after another for `--seconds`, recording each request's time to
 the first token (TTFT) and every gap between two text events (one event per token, bar
-the odd token that completes no character). One table per run: settings x conditions, with
+the odd token that completes no character), and the gaps between steps (tokens a step sends
+at once, drafted ones, arrive under BURST_MS apart). One table per run: settings x conditions, with
 p50 / p90 / p99 / p99.9 / max and the jitter ratio p99/p50, the settings of each row and the
 load average around each cell. `--json` keeps it all; `--merge` prints several runs' JSON as
 one table (system/measure-tuning.sh: tuned and untuned).
@@ -28,6 +29,10 @@ from bench.serving.noise import CONDITIONS, Noise
 from bench.stats import QUANTILES, summary
 
 WARMUP_REQUESTS = 1
+# Text events closer than this came out of one step: a step that takes drafted tokens writes
+# them one after another at once (microseconds apart on loopback), while a step lasts 10 ms or
+# more. The gaps at or over it are the gaps between steps.
+BURST_MS = 1.0
 SETTLE_S = 1.0  # noise running before the first measured request
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.
@@ -100,10 +105,18 @@ def stream_once(url: str, max_tokens: int, timeout: float = 300) -> dict:
     return {"ttft_ms": result["ttft_ms"], "gaps_ms": gaps_ms(result["arrivals"])}
 
 
+def step_gaps(gaps: list[float]) -> list[float]:
+    """The gaps between steps: a gap under BURST_MS joins a token to its step's burst."""
+    return [g for g in gaps if g >= BURST_MS]
+
+
 def measure(url: str, seconds: float, max_tokens: int) -> dict:
-    """Requests one after another for `seconds`; their TTFTs and gaps summarized."""
+    """Requests one after another for `seconds`; their TTFTs and gaps summarized, per token
+    (what a reader of the stream sees) and per step (what the engine's pace is; with
+    speculation a step may send several tokens at once), and the tokens a step sent."""
     ttft: list[float] = []
     gaps: list[float] = []
+    steps: list[float] = []
     errors = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -113,7 +126,15 @@ def measure(url: str, seconds: float, max_tokens: int) -> dict:
             continue
         ttft.append(result["ttft_ms"])
         gaps.extend(result["gaps_ms"])
-    return {"ttft_ms": summary(ttft), "gap_ms": summary(gaps), "errors": errors}
+        steps.extend(step_gaps(result["gaps_ms"]))
+    tokens_per_step = round((len(gaps) + len(ttft)) / (len(steps) + len(ttft)), 2) if ttft else 0
+    return {
+        "ttft_ms": summary(ttft),
+        "gap_ms": summary(gaps),
+        "step_gap_ms": summary(steps),
+        "tokens_per_step": tokens_per_step,
+        "errors": errors,
+    }
 
 
 # -- a run -----------------------------------------------------------------------------------
@@ -215,17 +236,21 @@ def format_report(report: dict) -> str:
         "",
         "| setting | condition | requests | errors | gap ms "
         + " / ".join(quant)
-        + " | gaps | TTFT ms "
+        + " | gaps | step gap ms p50 / p99, tokens a step | TTFT ms "
         + " / ".join(quant)
         + " | load 1m before, after |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in cells.items():
         for condition, cell in row.items():
             gap, ttft = cell["gap_ms"], cell["ttft_ms"]
+            step = cell.get("step_gap_ms")  # runs before it was measured lack it
+            steps = (
+                f"{step['p50']:g} / {step['p99']:g}, {cell['tokens_per_step']:g}" if step else "-"
+            )
             lines.append(
                 f"| {label} | {condition} | {ttft['n']} | {cell['errors']} | {_quants(gap)} "
-                f"| {gap['n']} | {_quants(ttft)} | {cell['loadavg_1m'][0]}, "
+                f"| {gap['n']} | {steps} | {_quants(ttft)} | {cell['loadavg_1m'][0]}, "
                 f"{cell['loadavg_1m'][1]} |"
             )
     lines += ["", "Settings:"]

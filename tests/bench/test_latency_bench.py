@@ -29,6 +29,19 @@ def test_measure_counts_requests_and_errors(fake_server) -> None:
     assert gone["errors"] >= 1 and gone["ttft_ms"]["n"] == 0
 
 
+def test_a_burst_of_drafted_tokens_is_one_step() -> None:
+    # a step of 3 tokens (two gaps well under a millisecond), a step of 1, a step of 2
+    gaps = [0.05, 0.04, 30.0, 25.0, 0.1]
+    assert latency.step_gaps(gaps) == [30.0, 25.0]
+
+
+def test_measure_reports_steps_and_tokens_a_step(fake_server) -> None:
+    server = fake_server(FakeEngine(token_s=0.003))  # one token a step, 3 ms apart
+    cell = latency.measure(server.url, seconds=0.3, max_tokens=5)
+    assert cell["step_gap_ms"]["n"] == cell["gap_ms"]["n"] > 0
+    assert cell["tokens_per_step"] == 1
+
+
 def test_summary_quantiles_and_jitter() -> None:
     s = stats.summary([10.0] * 98 + [30.0, 1000.0])
     assert s["p50"] == 10 and s["max"] == 1000 and s["n"] == 100
@@ -50,6 +63,8 @@ def _report(label: str) -> dict:
     cell = {
         "ttft_ms": stats.summary([50.0, 60.0]),
         "gap_ms": stats.summary([20.0, 21.0, 40.0]),
+        "step_gap_ms": stats.summary([20.0, 40.0]),
+        "tokens_per_step": 1.5,
         "errors": 0,
         "loadavg_1m": [0.5, 1.5],
         "noise": "cpu",
@@ -71,6 +86,7 @@ def test_table_has_every_cell_and_the_settings(tmp_path: Path) -> None:
     assert len(rows) == 3 and len(compact) == 1  # one compact row, one full row per condition
     assert compact[0].count("·") == 2  # quiet and cpu side by side
     assert text.count("| untuned: default | cpu | 2 | 0 |") == 1
+    assert text.count("| 30 / 39.8, 1.5 |") == 4  # each cell's steps
     assert "- tuned: default: server defaults" in text
     assert text.count('"loadavg_1m_start": 0.5') == 2  # both runs' meta
 
