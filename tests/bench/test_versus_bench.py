@@ -123,13 +123,16 @@ def test_gguf_is_made_with_the_servers_own_tree_once_and_cached(tmp_path):
     ]
 
 
-def test_a_missing_llama_server_says_how_to_get_one(tmp_path, capsys):
+@pytest.mark.parametrize("bench", ["--versus-server", "--prefix"])
+def test_a_missing_llama_server_says_how_to_get_one(tmp_path, capsys, monkeypatch, bench):
     from bench import cli
+    from bench.serving import prefix
 
+    monkeypatch.setattr(prefix, "Server", None)  # --prefix: found before a server starts
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    argv = ["--versus-server", "--model", str(model), "--cache-dir", str(tmp_path)]
+    argv = [bench, "--model", str(model), "--cache-dir", str(tmp_path)]
     assert cli.main([*argv, "--llama-server", str(tmp_path / "nope")]) == 2
     assert "docs/speed.md" in capsys.readouterr().err
     with pytest.raises(PeerMissing, match="llama-quantize"):
