@@ -316,12 +316,13 @@ def format_table(report: dict) -> str:
                 f"{ratio[f'{workload}.{key}']:.2f}x" if f"{workload}.{key}" in ratio else ""
             )
         lines.append(f"| {label.format(n=max(counts, default=0))} | " + " | ".join(cells) + " |")
+    rates = [_cell(settings[n].get("fresh"), "tokens_per_s_median") for n in names]
     memory = [_cell(settings[n], "vmhwm_mb") for n in names]
     if LLAMA in names:
+        rates.append("")
         memory.append(f"{ratio['vmhwm_mb']:.2f}x" if "vmhwm_mb" in ratio else "")
-    lines.append("| server's VmHWM after (a) and (b), MB | " + " | ".join(memory) + " |")
-    rates = [_cell(settings[n].get("fresh"), "tokens_per_s_median") for n in names]
     lines.append("| (c) fresh prompts: median tokens/s | " + " | ".join(rates) + " |")
+    lines.append("| server's VmHWM after (a) and (b), MB | " + " | ".join(memory) + " |")
     load = " ".join(f"{v:.2f}" for v in report["load_average"])
     after = " ".join(f"{v:.2f}" for v in report["load_average_after"])
     lines += ["", f"{report['model']}; load average (1, 5, 15 min) before {load}, after {after}"]

@@ -106,6 +106,8 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     assert "| (a) one tool: median of questions 2-3" in rows
     assert rows["| (b) chat: exchange 2"].endswith("x |")  # the ratio column filled
     assert rows["| (c) fresh prompts: first"].endswith("|  |")  # not run on llama-server
+    header, *body = [line for line in table.splitlines() if line.startswith("|")]
+    assert all(line.count("|") == header.count("|") for line in body)  # every row whole
 
 
 def test_ratios_are_deskchat_with_its_cache_over_llama_server():
