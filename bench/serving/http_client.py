@@ -84,13 +84,16 @@ def chat_once(
 
 def openai_once(url: str, body: dict, timeout: float = 600) -> dict:
     """One streamed POST /v1/chat/completions as any OpenAI client sends it (deskchat and
-    llama-server alike); {ttft_ms, latency_s, tokens, prompt_tokens, arrivals, finish_reason}
-    or {error}. `arrivals`: the times of the chunks that carry text (the first chunk's empty
-    role-only delta is no token); the token counts are the server's usage."""
+    llama-server alike); {ttft_ms, latency_s, tokens, prompt_tokens, arrivals, text,
+    finish_reason, timings} or {error}. `arrivals`: the times of the chunks that carry text
+    or a tool call's piece (the first chunk's empty role-only delta is no token); `text` the
+    content; the token counts are the server's usage; `timings` the server's own (each
+    server its own keys: deskchat's `ttft_ms`, llama-server's `prompt_n`, `cache_n`, ...)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     arrivals: list[float] = []
-    finish = usage = None
+    pieces: list[str] = []
+    finish = usage = timings = None
     try:
         for line in stream_lines(url, "/v1/chat/completions", body, timeout):
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -99,10 +102,13 @@ def openai_once(url: str, body: dict, timeout: float = 600) -> dict:
             if "error" in chunk:
                 return {"error": f"error in the stream: {chunk['error']}"}
             for choice in chunk.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("tool_calls"):
                     arrivals.append(time.perf_counter())
+                    pieces.append(delta.get("content") or "")
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
     except (OSError, ValueError, StreamRefused) as exc:
         return {"error": _error_text(exc)}
     end = time.perf_counter()
@@ -114,7 +120,9 @@ def openai_once(url: str, body: dict, timeout: float = 600) -> dict:
         "tokens": usage["completion_tokens"],
         "prompt_tokens": usage["prompt_tokens"],
         "arrivals": arrivals,
+        "text": "".join(pieces),
         "finish_reason": finish,
+        "timings": timings or {},
     }
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.launcher import Process
 from bench.peer_llamacpp import PeerMissing, convert, converter_dir, gguf_dir
 
 QUANT = "Q4_K_M"
@@ -79,3 +80,8 @@ def command(llama_server: str | Path, gguf: Path) -> Callable[[int], list[str]]:
     """The server's command line for a port (bench/launcher.py's Process takes it)."""
     server = str(Path(llama_server).expanduser())
     return lambda port: [server, "-m", str(gguf), *FLAGS, "--port", str(port)]
+
+
+def start(llama_server: str | Path, gguf: Path, log_dir: Path) -> Process:
+    """llama-server on the GGUF with FLAGS, on a free loopback port, its log in log_dir."""
+    return Process(command(llama_server, gguf), log_dir)

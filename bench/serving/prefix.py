@@ -4,8 +4,14 @@ Three workloads, each on a server with the cache on (the default) and one with i
 (`--no-prefix-cache`), started one after the other on the same model: (a) one tool sending
 the same long system prompt and tool list with 20 different questions; (b) one 12-exchange
 conversation, each request carrying the whole history; (c) fresh prompts that share
-nothing. Reported: each request's time to first token, and for (c) tokens per second too,
-so the ratios the cache must meet come from one run on one machine.
+nothing. With `--llama-server PATH`, (a) and (b) run a third time on llama-server at its
+defaults (its prompt cache on, as it ships) with the flags of bench/serving/llama_server.py.
+Every request is a streamed, greedy /v1/chat/completions from the same client
+(bench/serving/http_client.py's openai_once), after one warm-up request per server; its
+TTFT is the time to the first chunk that carries text or a tool call's piece. Reported:
+each request's TTFT and the prompt tokens the server computed for it, for (c) tokens per
+second too, and each server's VmHWM after (a) and (b), so the ratios the cache must meet
+come from one run on one machine.
 """
 
 from __future__ import annotations
@@ -14,13 +20,22 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
+import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from bench.launcher import Server, Setting
-from bench.models import resolve_model
-from bench.serving.http_client import chat_once
+from bench.launcher import Process, Server, Setting
+from bench.models import MODEL_HELP, resolve_model
+from bench.peer_llamacpp import PeerMissing
+from bench.qwen_shape import FixtureMissing
+from bench.serving import llama_server
+from bench.serving.http_client import openai_once
+from bench.serving.versus import READY_TIMEOUT_S, TTFT_TOKENS, request, short_ask
+from bench.stats import peak_rss_mb
 
 TOOL_RULES = (
     "You are the help desk assistant of a small office. Answer staff questions about the "
@@ -76,18 +91,21 @@ FRESH = [
     "What is a good name for a team of accountants?",
     "Describe the colour blue without naming it.",
 ]
-TOOLS = [  # in /chat's shape
+TOOLS = [  # in /v1's shape, as an OpenAI client sends them
     {
-        "name": name,
-        "description": f"{about} Use it only when the staff member asks for it.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "who": {"type": "string", "description": "the staff member's name"},
-                "when": {"type": "string", "description": "a date, as YYYY-MM-DD"},
-                "details": {"type": "string", "description": "anything else needed"},
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{about} Use it only when the staff member asks for it.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "who": {"type": "string", "description": "the staff member's name"},
+                    "when": {"type": "string", "description": "a date, as YYYY-MM-DD"},
+                    "details": {"type": "string", "description": "anything else needed"},
+                },
+                "required": ["who"],
             },
-            "required": ["who"],
         },
     }
     for name, about in [
@@ -98,45 +116,68 @@ TOOLS = [  # in /chat's shape
         ("order_item", "Orders office equipment from the approved catalogue."),
     ]
 ]
+DESKCHAT_ON, DESKCHAT_OFF, LLAMA = "cache on (default)", "cache off", "llama-server"
+SETTINGS = {DESKCHAT_ON: Setting(), DESKCHAT_OFF: Setting(("--no-prefix-cache",))}
+VERSUS_WORKLOADS = ("one_tool", "conversation")  # what runs on llama-server too
 
 
-def one_tool(url: str, max_tokens: int) -> dict:
+def _health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=10) as reply:
+        return json.load(reply)
+
+
+def _computed_tokens(url: str) -> int | None:
+    """Prompt tokens deskchat computed since start (/health), None without its cache."""
+    return _health(url).get("prefix_cache", {}).get("computed_tokens")
+
+
+def ask(url: str, messages: list[dict], max_tokens: int, **fields) -> dict:
+    """One request through openai_once, with `computed_tokens`: the prompt tokens the
+    server computed for it (llama-server's timings say, deskchat's /health counter does;
+    None when neither: deskchat with its cache off)."""
+    before = _computed_tokens(url)
+    run = openai_once(url, {**request(messages, max_tokens), **fields})
+    if "error" not in run:
+        after = _computed_tokens(url)
+        if "prompt_n" in run["timings"]:
+            run["computed_tokens"] = run["timings"]["prompt_n"]
+        elif before is not None and after is not None:
+            run["computed_tokens"] = after - before
+        else:
+            run["computed_tokens"] = None
+    return run
+
+
+def one_tool(url: str, max_tokens: int, questions: int = len(QUESTIONS)) -> dict:
     system = {"role": "system", "content": TOOL_RULES * 8}
     runs = [
-        chat_once(url, [system, {"role": "user", "content": q}], max_tokens, tools=TOOLS)
-        for q in QUESTIONS
+        ask(url, [system, {"role": "user", "content": q}], max_tokens, tools=TOOLS)
+        for q in QUESTIONS[:questions]
     ]
     return _summary(runs)
 
 
-def _computed_tokens(url: str) -> int:
-    """Prompt tokens the server computed since start (/health), 0 with the cache off."""
-    with urllib.request.urlopen(url + "/health", timeout=10) as reply:
-        return json.load(reply).get("prefix_cache", {}).get("computed_tokens", 0)
-
-
-def conversation(url: str, max_tokens: int) -> dict:
+def conversation(url: str, max_tokens: int, exchanges: int = len(CHAT)) -> dict:
+    """Each question with the whole history, the server's own answers in it."""
     messages: list[dict] = []
-    runs, computed = [], []
-    for question in CHAT:
+    runs = []
+    for question in CHAT[:exchanges]:
         messages.append({"role": "user", "content": question})
-        before = _computed_tokens(url)
-        run = chat_once(url, messages, max_tokens)
-        computed.append(_computed_tokens(url) - before)
+        run = ask(url, messages, max_tokens)
         runs.append(run)
         messages.append({"role": "assistant", "content": run.get("text", "")})
-    return {**_summary(runs), "computed_tokens": computed}
+    return _summary(runs)
 
 
 def fresh(url: str, max_tokens: int) -> dict:
-    runs = [chat_once(url, [{"role": "user", "content": q}], max_tokens) for q in FRESH]
+    runs = [ask(url, [{"role": "user", "content": q}], max_tokens) for q in FRESH]
     summary = _summary(runs)
     rates = [
         (r["tokens"] - 1) / (r["arrivals"][-1] - r["arrivals"][0])
         for r in runs
         if "error" not in r and len(r["arrivals"]) > 1 and r["arrivals"][-1] > r["arrivals"][0]
     ]
-    summary["tokens_per_s_median"] = statistics.median(rates) if rates else None
+    summary["tokens_per_s_median"] = round(statistics.median(rates), 1) if rates else None
     return summary
 
 
@@ -145,53 +186,205 @@ def _summary(runs: list[dict]) -> dict:
     if errors:
         return {"error": "; ".join(errors[:3])}
     ttft = [r["ttft_ms"] for r in runs]
-    prompts = [r["done"]["usage"]["prompt_tokens"] for r in runs]
     return {
         "ttft_ms": [round(t, 1) for t in ttft],
-        "server_ttft_ms": [r["done"]["timings"]["ttft_ms"] for r in runs],
-        "prompt_tokens": prompts,
+        "server_ttft_ms": [r["timings"].get("ttft_ms") for r in runs],  # deskchat's own
+        "prompt_tokens": [r["prompt_tokens"] for r in runs],
+        "computed_tokens": [r["computed_tokens"] for r in runs],
+        "completion_tokens": [r["tokens"] for r in runs],
         "first_ttft_ms": round(ttft[0], 1),
-        "rest_ttft_ms_median": round(statistics.median(ttft[1:]), 1),
+        "rest_ttft_ms_median": round(statistics.median(ttft[1:]), 1) if ttft[1:] else None,
         "last_ttft_ms": round(ttft[-1], 1),
     }
 
 
-WORKLOADS = {"one_tool": one_tool, "conversation": conversation, "fresh": fresh}
-SETTINGS = {
-    "cache on (default)": Setting(),
-    "cache off": Setting(("--no-prefix-cache",)),
-}
+def run_server(start: Callable[[], Process], workloads: dict, log) -> dict:
+    """Start one server, wait, warm up, run the workloads in order, and read its VmHWM
+    (and deskchat's /health prefix_cache) once (a) and (b) are done; stop it."""
+    server = start()
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        warm = openai_once(server.url, request(short_ask("Warm-up"), TTFT_TOKENS))
+        if "error" in warm:
+            raise RuntimeError(f"the warm-up request failed: {warm['error']}: {server.tail()}")
+        results: dict = {}
+        for name, workload in workloads.items():
+            log(f"  {name}")
+            results[name] = workload(server.url)
+            if name == VERSUS_WORKLOADS[-1]:  # (a) and (b) done: the cache at its fullest
+                results["vmhwm_mb"] = round(peak_rss_mb(server.proc.pid), 1)
+                if (cache := _health(server.url).get("prefix_cache")) is not None:
+                    results["prefix_cache"] = cache
+        return results
+    finally:
+        server.stop()
+
+
+def run(args, log) -> dict:
+    from service.config import load_config
+
+    cache_dir = Path(args.cache_dir or load_config([], os.environ).cache_dir).expanduser()
+    model = Path(resolve_model(args.model, cache_dir, args.fixture))
+    gguf = None
+    if args.llama_server:  # converted before any server starts: a missing tool fails first
+        gguf = llama_server.ensure_gguf(model, cache_dir, args.llama_server, log)
+    workloads = {
+        "one_tool": lambda url: one_tool(url, args.max_tokens, args.questions),
+        "conversation": lambda url: conversation(url, args.max_tokens, args.exchanges),
+        "fresh": lambda url: fresh(url, args.max_tokens),
+    }
+    settings = dict(SETTINGS)
+    if args.prefix_cache_mb:
+        more = Setting(("--prefix-cache-mb", str(args.prefix_cache_mb)))
+        settings[DESKCHAT_ON] = settings[DESKCHAT_ON] + more
+    report: dict = {
+        "model": str(model),
+        "flags": {name: list(setting.flags) for name, setting in settings.items()},
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_average": os.getloadavg(),
+        "settings": {},
+    }
+    if gguf:
+        report["gguf"] = str(gguf)
+        report["flags"][LLAMA] = [str(args.llama_server), *llama_server.FLAGS]
+    with tempfile.TemporaryDirectory(prefix="deskchat-prefix-") as logs:
+        for name, setting in settings.items():
+            log(name)
+            start = partial(Server, model, cache_dir, setting, Path(logs))
+            report["settings"][name] = run_server(start, workloads, log)
+        if gguf:
+            log(LLAMA)
+            start = partial(llama_server.start, args.llama_server, gguf, Path(logs))
+            versus = {k: workloads[k] for k in VERSUS_WORKLOADS}
+            report["settings"][LLAMA] = run_server(start, versus, log)
+    report["load_average_after"] = os.getloadavg()
+    if gguf:
+        report["ratios"] = ratios(report["settings"])
+    return report
+
+
+# (row label, workload, summary key) of the table, TTFT in ms
+ROWS = [
+    ("(a) one tool: first question", "one_tool", "first_ttft_ms"),
+    ("(a) one tool: median of questions 2-{n}", "one_tool", "rest_ttft_ms_median"),
+    ("(b) chat: exchange 1", "conversation", "first_ttft_ms"),
+    ("(b) chat: median of exchanges 2-{n}", "conversation", "rest_ttft_ms_median"),
+    ("(b) chat: exchange {n}", "conversation", "last_ttft_ms"),
+    ("(c) fresh prompts: first", "fresh", "first_ttft_ms"),
+    ("(c) fresh prompts: median of 2-{n}", "fresh", "rest_ttft_ms_median"),
+]
+
+
+def ratios(settings: dict) -> dict:
+    """deskchat (cache on) / llama-server: each TTFT row of (a) and (b), and VmHWM; a row
+    either side lacks (failed) has none."""
+    ours, theirs = settings[DESKCHAT_ON], settings[LLAMA]
+    out = {}
+    for _label, workload, key in ROWS:
+        a, b = ours.get(workload, {}).get(key), theirs.get(workload, {}).get(key)
+        if a and b:
+            out[f"{workload}.{key}"] = round(a / b, 2)
+    if ours.get("vmhwm_mb") and theirs.get("vmhwm_mb"):
+        out["vmhwm_mb"] = round(ours["vmhwm_mb"] / theirs["vmhwm_mb"], 2)
+    return out
+
+
+def _cell(summary: dict | None, key: str) -> str:
+    if not summary:
+        return ""
+    if "error" in summary:
+        return "failed"
+    value = summary.get(key)
+    return "" if value is None else f"{value:,.1f}"
+
+
+def format_table(report: dict) -> str:
+    settings = report["settings"]
+    names = list(settings)
+    ratio = report.get("ratios", {})
+    head = ["TTFT, ms", *names] + (["cache on / llama-server"] if LLAMA in names else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, workload, key in ROWS:
+        counts = [
+            len(s[workload]["ttft_ms"])
+            for s in settings.values()
+            if "ttft_ms" in s.get(workload, {})
+        ]
+        cells = [_cell(settings[n].get(workload), key) for n in names]
+        if LLAMA in names:
+            cells.append(
+                f"{ratio[f'{workload}.{key}']:.2f}x" if f"{workload}.{key}" in ratio else ""
+            )
+        lines.append(f"| {label.format(n=max(counts, default=0))} | " + " | ".join(cells) + " |")
+    rates = [_cell(settings[n].get("fresh"), "tokens_per_s_median") for n in names]
+    memory = [_cell(settings[n], "vmhwm_mb") for n in names]
+    if LLAMA in names:
+        rates.append("")
+        memory.append(f"{ratio['vmhwm_mb']:.2f}x" if "vmhwm_mb" in ratio else "")
+    lines.append("| (c) fresh prompts: median tokens/s | " + " | ".join(rates) + " |")
+    lines.append("| server's VmHWM after (a) and (b), MB | " + " | ".join(memory) + " |")
+    load = " ".join(f"{v:.2f}" for v in report["load_average"])
+    after = " ".join(f"{v:.2f}" for v in report["load_average_after"])
+    lines += ["", f"{report['model']}; load average (1, 5, 15 min) before {load}, after {after}"]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench --prefix", description=__doc__)
-    parser.add_argument("--model", default="qwen-shape", help="as python -m bench --model")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench --prefix", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--model", default="qwen-shape", help=MODEL_HELP)
     parser.add_argument("--fixture", default=None, help="as python -m bench --fixture")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per answer")
+    parser.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="also run (a) and (b) on llama.cpp's llama-server (llama-quantize beside it) at "
+        "its defaults, on the model's Q4_K_M GGUF; docs/speed.md: how to build it",
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        metavar="MB",
+        help="deskchat's --prefix-cache-mb with the cache on [default: the server's]",
+    )
+    for flag, items, what in [
+        ("--questions", QUESTIONS, "(a)'s questions"),
+        ("--exchanges", CHAT, "(b)'s exchanges"),
+    ]:
+        parser.add_argument(
+            flag,
+            type=int,
+            default=len(items),
+            choices=range(2, len(items) + 1),
+            metavar=f"2..{len(items)}",
+            help=f"{what}: the first N (fewer for a smoke run) [default: {len(items)}]",
+        )
+    parser.add_argument(
+        "--cache-dir", default=None, help="models and GGUFs [default: the server's cache dir]"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON here")
     return parser
 
 
-def main(argv: list[str]) -> int:
-    from service.config import load_config
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
+
+def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    config = load_config([], os.environ)
-    model = resolve_model(args.model, Path(config.cache_dir), args.fixture)
-    report: dict = {"model": str(model), "load_average": os.getloadavg(), "settings": {}}
-    with tempfile.TemporaryDirectory(prefix="deskchat-prefix-") as logs:
-        for name, setting in SETTINGS.items():
-            server = Server(model, Path(config.cache_dir), setting, Path(logs))
-            try:
-                server.wait_ready()
-                report["settings"][name] = {
-                    workload: run(server.url, args.max_tokens)
-                    for workload, run in WORKLOADS.items()
-                }
-            finally:
-                server.stop()
-    report["load_average_after"] = os.getloadavg()
-    print(json.dumps(report, indent=1))
+    try:
+        report = run(args, _log)
+    except (FixtureMissing, PeerMissing) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    print(format_table(report))
+    failed = [
+        n
+        for n, s in report["settings"].items()
+        for w in s.values()
+        if isinstance(w, dict) and "error" in w
+    ]
+    return 1 if failed else 0

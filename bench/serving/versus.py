@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.launcher import Process, Server, Setting
+from bench.launcher import Server, Setting
 from bench.models import MODEL_HELP, resolve_model
 from bench.peer_llamacpp import PeerMissing
 from bench.qwen_shape import FixtureMissing
@@ -237,9 +237,7 @@ def run(args, log) -> dict:
     with tempfile.TemporaryDirectory(prefix="deskchat-versus-") as logs:
         starts = {
             "deskchat": lambda: Server(model, cache_dir, Setting(), Path(logs)),
-            "llama-server": lambda: Process(
-                llama_server.command(args.llama_server, gguf), Path(logs)
-            ),
+            "llama-server": lambda: llama_server.start(args.llama_server, gguf, Path(logs)),
         }
         for round_no in range(args.rounds):
             for side in SIDES:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,6 +13,7 @@ from bench.peer_llamacpp import PeerMissing
 from bench.serving import llama_server, versus
 from bench.stats import peak_rss_mb
 from tests.support.fakes import FakeEngine
+from tests.support.llama_tree import fake_llama_tree
 
 
 def test_one_round_measures_every_workload_through_the_openai_stream(fake_server, monkeypatch):
@@ -104,27 +104,8 @@ def test_vmhwm_is_the_childs_own_peak_not_ours():
     assert math.isnan(peak_rss_mb(child.pid))  # gone: NaN, not a stale number
 
 
-def _tree(root: Path) -> Path:
-    """A fake llama.cpp tree: a converter and a quantizer that log their calls."""
-    bins = root / "build" / "bin"
-    bins.mkdir(parents=True)
-    calls = root / "calls.log"
-    (root / "convert_hf_to_gguf.py").write_text(
-        "import sys\n"
-        f"open({str(calls)!r}, 'a').write('convert ' + ' '.join(sys.argv[1:]) + '\\n')\n"
-        "open(sys.argv[sys.argv.index('--outfile') + 1], 'w').write('bf16')\n"
-    )
-    (bins / "llama-quantize").write_text(
-        f'#!/bin/sh\necho "quantize $3 $4" >> {calls}\necho q4 > "$2"\n'
-    )
-    (bins / "llama-server").write_text("#!/bin/sh\n")
-    for tool in bins.iterdir():
-        tool.chmod(0o755)
-    return bins / "llama-server"
-
-
 def test_gguf_is_made_with_the_servers_own_tree_once_and_cached(tmp_path):
-    server = _tree(tmp_path / "llama.cpp")
+    server = fake_llama_tree(tmp_path / "llama.cpp")
     model = tmp_path / "qwen-shape-1.5b"
     model.mkdir()
     cache = tmp_path / "cache"
@@ -142,13 +123,16 @@ def test_gguf_is_made_with_the_servers_own_tree_once_and_cached(tmp_path):
     ]
 
 
-def test_a_missing_llama_server_says_how_to_get_one(tmp_path, capsys):
+@pytest.mark.parametrize("bench", ["--versus-server", "--prefix"])
+def test_a_missing_llama_server_says_how_to_get_one(tmp_path, capsys, monkeypatch, bench):
     from bench import cli
+    from bench.serving import prefix
 
+    monkeypatch.setattr(prefix, "Server", None)  # --prefix: found before a server starts
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    argv = ["--versus-server", "--model", str(model), "--cache-dir", str(tmp_path)]
+    argv = [bench, "--model", str(model), "--cache-dir", str(tmp_path)]
     assert cli.main([*argv, "--llama-server", str(tmp_path / "nope")]) == 2
     assert "docs/speed.md" in capsys.readouterr().err
     with pytest.raises(PeerMissing, match="llama-quantize"):

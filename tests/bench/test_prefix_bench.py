@@ -1,0 +1,132 @@
+"""`--prefix --llama-server`: the whole run with both deskchat settings in-process (the
+scripted engine) and a stand-in llama-server started as llama-server is (its fake tree's
+converter, quantizer and server): the same /v1 stream to both, (a) and (b) on all three,
+the ratios, the memory line and the table (no timing asserts, no model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from bench.serving import prefix
+from tests.support.fakes import FakeEngine, FakeGrammars
+from tests.support.llama_tree import fake_llama_tree
+
+
+@pytest.fixture
+def in_process_deskchat(fake_server):
+    """prefix.Server's stand-in: the scripted engine behind the real app, each setting's
+    flags given to its config; `started` lists those flags."""
+    started: list[tuple[str, ...]] = []
+
+    class InProcess:
+        def __init__(self, model, cache_dir, setting, log_dir):
+            started.append(setting.flags)
+            self.inner = fake_server(FakeEngine(token_s=0.001), *setting.flags)
+            self.inner.runtime.grammars = FakeGrammars()  # tools are compiled, not run
+            self.url = self.inner.url
+            self.proc = SimpleNamespace(pid=os.getpid())
+
+        def wait_ready(self, timeout):
+            pass
+
+        def tail(self) -> str:
+            return ""
+
+        def stop(self):
+            pass  # fake_server closes it
+
+    return InProcess, started
+
+
+def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
+    tmp_path, monkeypatch, in_process_deskchat
+):
+    fake, started = in_process_deskchat
+    monkeypatch.setattr(prefix, "Server", fake)
+    server = fake_llama_tree(tmp_path / "llama.cpp")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    args = prefix.build_parser().parse_args(
+        [
+            *("--model", str(model), "--cache-dir", str(tmp_path / "cache")),
+            *("--llama-server", str(server), "--prefix-cache-mb", "64"),
+            *("--questions", "3", "--exchanges", "2", "--max-tokens", "4"),
+        ]
+    )
+    report = prefix.run(args, log=lambda _t: None)
+
+    assert started == [("--prefix-cache-mb", "64"), ("--no-prefix-cache",)]
+    assert report["flags"][prefix.LLAMA][1:] == ["-t", "2", "-np", "4", "-c", "8192"]
+    settings = report["settings"]
+    assert list(settings) == [prefix.DESKCHAT_ON, prefix.DESKCHAT_OFF, prefix.LLAMA]
+    assert "fresh" not in settings[prefix.LLAMA]  # (c) is deskchat's own on / off question
+    for name, results in settings.items():
+        tool, chat = results["one_tool"], results["conversation"]
+        assert "error" not in tool and "error" not in chat, name
+        assert len(tool["ttft_ms"]) == 3 and len(chat["ttft_ms"]) == 2
+        assert chat["completion_tokens"] == [4, 4]  # the servers' usage
+        assert math.isfinite(results["vmhwm_mb"]) and results["vmhwm_mb"] > 0
+    # what each server computed: llama-server's timings; neither fake has deskchat's cache
+    assert (
+        settings[prefix.LLAMA]["one_tool"]["computed_tokens"]
+        == (settings[prefix.LLAMA]["one_tool"]["prompt_tokens"])
+    )
+    assert settings[prefix.DESKCHAT_OFF]["one_tool"]["computed_tokens"] == [None] * 3
+    llama_chat = settings[prefix.LLAMA]["conversation"]["prompt_tokens"]
+    assert llama_chat[1] > llama_chat[0]  # the history resent (the fake counts its characters)
+
+    # llama-server got the bodies deskchat got: streamed /v1, greedy, (a) with the tools
+    # in OpenAI's shape, (b) with its own answers in the history
+    sent = [json.loads(line) for line in (server.parent.parent.parent / "requests.log").open()]
+    assert {r["path"] for r in sent} == {"/v1/chat/completions"}
+    assert all(r["body"]["stream"] and r["body"]["temperature"] == 0 for r in sent)
+    warm, *tool, first, second = sent
+    assert "tools" not in warm["body"] and len(tool) == 3
+    assert all(r["body"]["tools"] == prefix.TOOLS for r in tool)
+    assert tool[0]["body"]["tools"][0]["type"] == "function"
+    assert [m["role"] for m in second["body"]["messages"]] == ["user", "assistant", "user"]
+    assert second["body"]["messages"][1]["content"] == "w0 w1 w2 w3 "
+
+    assert set(report["ratios"]) == {
+        "one_tool.first_ttft_ms",
+        "one_tool.rest_ttft_ms_median",
+        "conversation.first_ttft_ms",
+        "conversation.rest_ttft_ms_median",
+        "conversation.last_ttft_ms",
+        "vmhwm_mb",
+    }
+    table = prefix.format_table(report)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| (")}
+    assert "| (a) one tool: median of questions 2-3" in rows
+    assert rows["| (b) chat: exchange 2"].endswith("x |")  # the ratio column filled
+    assert rows["| (c) fresh prompts: first"].endswith("|  |")  # not run on llama-server
+    header, *body = [line for line in table.splitlines() if line.startswith("|")]
+    assert all(line.count("|") == header.count("|") for line in body)  # every row whole
+
+
+def test_ratios_are_deskchat_with_its_cache_over_llama_server():
+    def side(first: float, rest: float, memory: float) -> dict:
+        summary = {"first_ttft_ms": first, "rest_ttft_ms_median": rest, "last_ttft_ms": rest}
+        return {"one_tool": summary, "conversation": summary, "vmhwm_mb": memory}
+
+    settings = {
+        prefix.DESKCHAT_ON: side(1000.0, 100.0, 1200.0),
+        prefix.DESKCHAT_OFF: side(1000.0, 1000.0, 1100.0),
+        prefix.LLAMA: {**side(2000.0, 400.0, 600.0), "conversation": {"error": "HTTP 500"}},
+    }
+    assert prefix.ratios(settings) == {
+        "one_tool.first_ttft_ms": 0.5,
+        "one_tool.rest_ttft_ms_median": 0.25,
+        "vmhwm_mb": 2.0,
+    }  # a failed workload has no ratio
+
+
+def test_smoke_counts_are_bounded():
+    with pytest.raises(SystemExit):
+        prefix.build_parser().parse_args(["--questions", "1"])  # no median of 2-N
