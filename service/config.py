@@ -133,7 +133,7 @@ class Config:
         "adaptive",
         "adaptive (one thread or --threads, whichever measured faster lately: now and then "
         "a few steps run on the other count and are compared with the serving count's "
-        "steps of the same size; int8 and int8-row only, other quantizations keep "
+        "steps of the same size; int8, int8-row and int4-row only, other quantizations keep "
         "--threads) or fixed (always --threads); docs/latency.md.",
         choices=THREAD_POLICIES,
     )

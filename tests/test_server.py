@@ -181,6 +181,7 @@ psutil.virtual_memory = lambda: _measured()._replace(total=384 * 2**20)
 """
 
 
+@pytest.mark.slow  # two servers converting 4-bit weights: ~3.5 min on 2 cores
 def test_4_bit_weights_pinned_or_by_auto_on_a_small_pc_give_the_same_bits(
     start_server, embedded_server, tmp_path
 ):

@@ -59,7 +59,8 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     grammar = _grammar(chat_request, runtime)
     prompt_ids = prompt_of(chat_request, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
-    cached = runtime.prefixes.cached_tokens(prompt_ids) if runtime.prefixes else 0
+    prefixes = runtime.prefixes
+    cached = prefixes.cached_tokens(prompt_ids) if prefixes is not None else 0
     admit(len(prompt_ids), config, runtime.worker, cached)
     sampling = Sampling(
         max_tokens=answer_budget(
@@ -123,19 +124,25 @@ def admit(prompt_tokens: int, config: Config, worker: Worker, cached_tokens: int
     worker's measured averages; before anything was measured, nothing is refused here (the
     prompt's length was checked by `PromptBuilder.check_fits`). Only the tokens the prefix
     cache does not hold (`cached_tokens`) are prefilled, so only they count: a tool's long
-    system prompt, computed once, does not get its later requests refused. The answer's own
-    decode is not counted: max_tokens is a ceiling."""
+    system prompt, computed once, does not get its later requests refused (blocks the cache
+    lets go before the job starts are computed again: an estimate, not a promise). The
+    answer's own decode is not counted: max_tokens is a ceiling."""
     if not worker.measured:
         return
     deadline_s = config.request_timeout
     computed = prompt_tokens - cached_tokens
     prefill_s = worker.expected_prefill_s(computed)
     if prefill_s > deadline_s * ADMIT_SLACK:
-        held = f" ({cached_tokens} of them in the prefix cache)" if cached_tokens else ""
+        held = (
+            f" ({cached_tokens} of them in the prefix cache); at the measured "
+            f"{computed / prefill_s:.0f} prompt tokens/s its {computed} tokens to compute take"
+            if cached_tokens
+            else f"; at the measured {computed / prefill_s:.0f} prompt tokens/s its prefill "
+            "alone takes"
+        )
         raise PayloadTooLarge(
-            f"the prompt is {prompt_tokens} tokens{held}; at the measured "
-            f"{computed / prefill_s:.0f} prompt tokens/s its prefill alone takes about "
-            f"{prefill_s:.1f} s, more than the {deadline_s:g} s request deadline"
+            f"the prompt is {prompt_tokens} tokens{held} about {prefill_s:.1f} s, more than "
+            f"the {deadline_s:g} s request deadline"
         )
     wait_s = worker.expected_start_s(worker.depth)
     if wait_s + prefill_s > deadline_s * ADMIT_SLACK:

@@ -194,6 +194,11 @@ class Plan:
         quantize, why = auto_weights(size, mem_total)
         return dataclasses.replace(self, quantize=quantize, why=why)
 
+    def int8_rows(self, why: str) -> Plan:
+        """This auto plan with int8 rows, when the model turned out not to take 4-bit
+        weights (`why`)."""
+        return dataclasses.replace(self, quantize="int8-row", why=f"4-bit refused: {why}")
+
     def as_dict(self) -> dict:
         """For /health: the paths, the weights that serve (`quantize`, auto resolved) and
         the --quantize asked for."""

@@ -287,7 +287,18 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-        model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
+        try:
+            model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
+        except ValueError as exc:
+            # auto's rule reads config.json only; the load finds what int4-row cannot take
+            # (a layer or an embedding not Llama-style), where int8 rows still serve.
+            if plan.requested != cpu.DEFAULT_QUANTIZE or quantize != "int4-row":
+                raise
+            plan = plan.int8_rows(str(exc))
+            log.warning("%s: %s; auto serves int8-row instead", choice.name, exc)
+            quantize = plan.quantize
+            heap.trim()
+            model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",

@@ -163,6 +163,8 @@ def load_quantized(
         and all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb"))
         and hasattr(decoder.rotary_emb, "inv_freq")
     ):
+        if four_bit:
+            raise ValueError(f"{folder.name}: int4-row takes Llama-style decoders only")
         return _load_then_quantize(folder, quantize, target)
     embed = reader.mapped_embedding(embed_name, target)
     if embed is None:

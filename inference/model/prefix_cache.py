@@ -80,8 +80,9 @@ class PrefixCache:
     def cached_tokens(self, prompt_ids: list[int]) -> int:
         """How many prompt tokens `restore` would take from the cache now: admission's
         estimate counts only the rest (web/relay.py). Called from request threads while the
-        inference thread keeps and drops blocks: single dict lookups (atomic in CPython),
-        recency untouched. Blocks may go before the job starts; it is an estimate."""
+        inference thread keeps and drops blocks: single dict lookups (atomic under CPython's
+        GIL; a free-threaded build would need a lock), recency untouched. Blocks may go
+        before the job starts; it is an estimate."""
         return len(self._found(prompt_ids)) * self.block
 
     def restore(self, prompt_ids: list[int], cache: SequenceCache) -> int:

@@ -53,6 +53,32 @@ def test_a_bin_only_folder_loads_and_generates(bin_only_folder, quantize, monkey
     assert result.completion_tokens >= 1
 
 
+def test_auto_serves_int8_rows_when_the_load_refuses_4_bit(
+    bin_only_folder, tmp_path, monkeypatch, caplog
+):
+    """auto's rule reads config.json only: a layer the load then finds not Llama-style (here
+    made so) refuses 4-bit, and int8 rows serve instead of the start failing."""
+    from inference.quant import rowint4, rowint8
+
+    folder = tmp_path / "safetensors"
+    LlamaForCausalLM.from_pretrained(bin_only_folder).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(bin_only_folder).save_pretrained(folder)
+    monkeypatch.setattr(cpu, "ram_bytes", lambda: 2**20)  # the rule asks for 4-bit
+    real = rowint8.quantize_decoder_layer
+
+    def no_4_bit(layer, native=None, kind=rowint8.RowInt8Linear):
+        return kind is not rowint4.RowInt4Linear and real(layer, native, kind)
+
+    monkeypatch.setattr(rowint8, "quantize_decoder_layer", no_4_bit)
+    config = load_config(["--quantize", "auto"], environ={})
+    engine, prompts = load_model(ModelChoice(folder, "tiny"), config, lambda _: None)
+    assert engine.plan.native is not None  # make install builds it (gcc: .ci/run installs it)
+    assert engine.plan.quantize == "int8-row"
+    assert "auto serves int8-row instead" in caplog.text
+    ids = prompts.encode([{"role": "user", "content": "hi"}])
+    assert engine.run(ids, Sampling(max_tokens=4), lambda _: None, lambda: False).completion_tokens
+
+
 # -- sampling defaults from generation_config.json -------------------------------------------
 
 QWEN_GENERATION = {  # Qwen2.5-0.5B-Instruct's, as in ../shared/fixtures/qwen2.5-0.5b-instruct

@@ -72,7 +72,7 @@ def test_only_the_tokens_the_prefix_cache_lacks_count_against_the_deadline(fake_
     engine = FakeEngine(token_s=0.001, prefill_token_s=0.01)
     server = fake_server(engine, "--request-timeout", "1")
     server.worker.run_now([1] * 20, Sampling(max_tokens=1))
-    prefixes = server.runtime.prefixes = PrefixCache(1 << 20)
+    prefixes = server.runtime.prefixes = PrefixCache(1 << 20, memory_is_short=lambda: False)
     held = [ord("z")] * 300
     cache = SequenceCache(1, 1, 8, capacity=300, dtype=torch.float16)
     cache.reserve(300)
@@ -87,6 +87,7 @@ def test_only_the_tokens_the_prefix_cache_lacks_count_against_the_deadline(fake_
     assert "300 tokens" in message and "prefix cache" not in message
     held_message = error_of(chat(server.url, {"message": "z" * 290 + "y" * 200}), 413, "too_large")
     assert "490 tokens (288 of them in the prefix cache)" in held_message
+    assert "its 202 tokens to compute take about 2.0 s" in held_message
 
 
 def test_queue_ahead_that_outlasts_the_deadline_is_503_with_honest_retry_after(fake_server):
@@ -175,7 +176,8 @@ def test_a_long_prompt_run_in_a_full_batch_is_admitted_alone_after(embedded_dir)
         deadline = dataclasses.replace(config, request_timeout=1.5 * alone_s)
         admit(len(long_ids), deadline, worker)  # raises when refused
         # Its prefix is now cached: a deadline the whole prefill cannot meet admits it.
-        tight = dataclasses.replace(config, request_timeout=estimate / 2)
+        now = worker.expected_prefill_s(len(long_ids))  # the alone run taught it too
+        tight = dataclasses.replace(config, request_timeout=now / 2)
         with pytest.raises(PayloadTooLarge):
             admit(len(long_ids), tight, worker)
         admit(len(long_ids), tight, worker, engine.prefixes.cached_tokens(long_ids))
