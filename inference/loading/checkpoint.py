@@ -190,6 +190,7 @@ def load_quantized(
             with torch.inference_mode():
                 hidden, maxima = calibrate_forward.layer_forward(layer, hidden, cos, sin)
             heap.mmap_threshold(1 << 20)
+            heap.trim()  # those temporaries (~80 MB on the Qwen shape) go before quantizing
             groups = smooth.layer_groups(layer)
             smooth.smooth_layer(groups, [maxima.qkv, maxima.gate_up, maxima.down])
         if not (per_row and rowint8.quantize_decoder_layer(layer, native, kind)):
