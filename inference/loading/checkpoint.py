@@ -134,8 +134,9 @@ def load_quantized(
     on smoothing (inference/quant/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from inference.loading import skeleton
     from inference.quant import calibrate as calibrate_forward
     from inference.quant import rowint4, rowint8, smooth
 
@@ -152,8 +153,12 @@ def load_quantized(
     if not layerwise:
         return _load_then_quantize(folder, quantize, target)
     heap.mmap_threshold(1 << 20)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=target)
+    model = skeleton.empty_model(config, target)
+    if model is None:  # not one the skeleton builds: transformers' own tree
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=target)
     decoder = getattr(model, "model", None)
     reader = CheckpointReader(folder)
     embed_name = "model.embed_tokens.weight"
