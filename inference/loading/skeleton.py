@@ -154,10 +154,13 @@ def _head_dim(config) -> int:
 
 
 def _linear(inputs: int, outputs: int, bias: bool) -> nn.Linear:
-    """nn.Linear with meta weights, made without the random init (which, inside a meta
-    device context, goes through torch's reference ops and imports torch._dynamo)."""
-    linear = nn.Linear(0, 0, bias=False)
+    """nn.Linear with meta weights, made without its random init (on the meta device that
+    runs torch's Python decompositions, which import torch._dynamo)."""
+    linear = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(linear)
     linear.in_features, linear.out_features = inputs, outputs
     linear.weight = nn.Parameter(torch.empty(outputs, inputs, device="meta"))
-    linear.bias = nn.Parameter(torch.empty(outputs, device="meta")) if bias else None
+    linear.register_parameter(
+        "bias", nn.Parameter(torch.empty(outputs, device="meta")) if bias else None
+    )
     return linear
