@@ -58,6 +58,7 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d
         inv_freq = 1.0 / (_rope_theta(config) ** exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
 
 class Attention(nn.Module):
