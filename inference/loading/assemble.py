@@ -254,7 +254,9 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
-        model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
+        model = load_quantized(
+            choice.path, quantize, config.dtype, calibration, plan.native, hf_forward=False
+        )
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",

@@ -123,6 +123,7 @@ def load_quantized(
     dtype: str,
     calibration_ids: torch.Tensor | None = None,
     native=None,
+    hf_forward: bool = True,
 ) -> nn.Module:
     """Build the model from `folder` with its Linears (lm_head included) quantized.
 
@@ -133,6 +134,9 @@ def load_quantized(
     `calibration_ids` turns
     on smoothing (inference/quant/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
+    Without `hf_forward` a plain Llama/Qwen2 gets the tree of inference/loading/skeleton.py,
+    which only inference/model/decoder.py runs (no forward, no generate) and which spares
+    the server transformers' modeling imports (87 MB).
     """
     from transformers import AutoConfig
 
@@ -153,8 +157,8 @@ def load_quantized(
     if not layerwise:
         return _load_then_quantize(folder, quantize, target)
     heap.mmap_threshold(1 << 20)
-    model = skeleton.empty_model(config, target)
-    if model is None:  # not one the skeleton builds: transformers' own tree
+    model = None if hf_forward else skeleton.empty_model(config, target)
+    if model is None:  # transformers' own tree
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
