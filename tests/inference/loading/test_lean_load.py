@@ -18,17 +18,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from inference.loading import skeleton
 from tests.support.paths import TEST_CACHE
+from tests.support.tiny import TINY
 
-TINY = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 
