@@ -37,15 +37,25 @@ def long_prompt(tokens: int, i: int) -> list[dict]:
     ]
 
 
-def measure(model: str, max_batch: int, context: int, answer: int, flags: list[str]) -> dict:
+def rss_mb(pid: int) -> float:
+    """The process's resident set now (VmRSS), beside its peak: what a load's peak left."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(
+    model: str, max_batch: int, context: int, answer: int, flags: list[str], ready_s: float
+) -> dict:
     config = load_config([], os.environ)
     folder = Path(resolve_model(model, config.cache_dir, None))
     with tempfile.TemporaryDirectory() as logs:
         chosen = Setting(("--max-batch", str(max_batch), *flags))
         server = Server(folder, config.cache_dir, chosen, Path(logs))
         try:
-            server.wait_ready()
-            ready = peak_rss_mb(server.proc.pid)
+            server.wait_ready(ready_s)
+            ready, ready_rss = peak_rss_mb(server.proc.pid), rss_mb(server.proc.pid)
             results: list[dict] = [{} for _ in range(max_batch)]
 
             def run(i: int) -> None:
@@ -65,6 +75,8 @@ def measure(model: str, max_batch: int, context: int, answer: int, flags: list[s
                 "flags": flags,
                 "vmhwm_ready_mb": round(ready, 1),
                 "vmhwm_after_mb": round(peak_rss_mb(server.proc.pid), 1),
+                "vmrss_ready_mb": round(ready_rss, 1),
+                "vmrss_after_mb": round(rss_mb(server.proc.pid), 1),
                 "contexts": [
                     u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage
                 ],
@@ -80,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=1000, help="tokens per stream, in all")
     parser.add_argument("--max-tokens", type=int, default=100, help="answer tokens per stream")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=3600, help="seconds (a 3B shape's first load)"
+    )
     parser.add_argument("flags", nargs="*", help="more server flags (after --)")
     args = parser.parse_args(argv)
-    report = measure(args.model, args.max_batch, args.context, args.max_tokens, args.flags)
+    report = measure(
+        args.model, args.max_batch, args.context, args.max_tokens, args.flags, args.ready_timeout
+    )
     print(json.dumps(report, indent=2))
     return 1 if report["errors"] else 0
 

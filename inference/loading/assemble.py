@@ -6,6 +6,7 @@ replaced by the embedded model with one WARNING line, unless strict mode asks to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -287,8 +288,12 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
         model.eval()
     else:
         calibration = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]
+        load = functools.partial(
+            load_quantized, choice.path, dtype=config.dtype, calibration_ids=calibration,
+            native=plan.native, hf_forward=False,
+        )  # fmt: skip
         try:
-            model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
+            model = load(quantize)
         except ValueError as exc:
             # auto's rule reads config.json only; the load finds what int4-row cannot take
             # (a layer or an embedding not Llama-style), where int8 rows still serve.
@@ -298,7 +303,7 @@ def _load_model(choice: ModelChoice, config: Config, plan, status: Status, on_to
             log.warning("%s: %s; auto serves int8-row instead", choice.name, exc)
             quantize = plan.quantize
             heap.trim()
-            model = load_quantized(choice.path, quantize, config.dtype, calibration, plan.native)
+            model = load(quantize)
     context = min(config.context_tokens, getattr(model.config, "max_position_embeddings", 2048))
     log.info(
         "loaded %s from %s in %.1f s (%d threads, context %d, quantize %s)",

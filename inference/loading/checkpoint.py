@@ -123,6 +123,7 @@ def load_quantized(
     dtype: str,
     calibration_ids: torch.Tensor | None = None,
     native=None,
+    hf_forward: bool = True,
 ) -> nn.Module:
     """Build the model from `folder` with its Linears (lm_head included) quantized.
 
@@ -133,9 +134,13 @@ def load_quantized(
     `calibration_ids` turns
     on smoothing (inference/quant/smooth.py), without which small models' outlier channels ruin the
     answers: each layer is calibrated on the float output of the layers before it.
+    Without `hf_forward` a plain Llama/Qwen2 gets the tree of inference/loading/skeleton.py,
+    which only inference/model/decoder.py runs (no forward, no generate) and which spares
+    the server transformers' modeling imports (87 MB).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from inference.loading import skeleton
     from inference.quant import calibrate as calibrate_forward
     from inference.quant import rowint4, rowint8, smooth
 
@@ -152,8 +157,12 @@ def load_quantized(
     if not layerwise:
         return _load_then_quantize(folder, quantize, target)
     heap.mmap_threshold(1 << 20)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=target)
+    model = None if hf_forward else skeleton.empty_model(config, target)
+    if model is None:  # transformers' own tree
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=target)
     decoder = getattr(model, "model", None)
     reader = CheckpointReader(folder)
     embed_name = "model.embed_tokens.weight"
@@ -192,6 +201,7 @@ def load_quantized(
             with torch.inference_mode():
                 hidden, maxima = calibrate_forward.layer_forward(layer, hidden, cos, sin)
             heap.mmap_threshold(1 << 20)
+            heap.trim()  # those temporaries (~80 MB on the Qwen shape) go before quantizing
             groups = smooth.layer_groups(layer)
             smooth.smooth_layer(groups, [maxima.qkv, maxima.gate_up, maxima.down])
         if not (per_row and rowint8.quantize_decoder_layer(layer, native, kind)):

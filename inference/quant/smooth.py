@@ -39,7 +39,8 @@ CALIBRATION_TEXT = (
 )
 
 # RMSNorms that compute weight * normalized(x), so that dividing the weight divides the output.
-PLAIN_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
+# inference/loading/skeleton.py's RMSNorm computes as they do
+PLAIN_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "RMSNorm"}
 
 
 def layer_groups(layer: nn.Module) -> list[tuple[nn.Module, str, list[nn.Module]]] | None:

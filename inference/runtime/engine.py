@@ -172,6 +172,9 @@ class Engine:
         cache = None
         if budget > 0:
             cache = self.decoder.new_cache(len(prompt_ids) + budget)
+            # The whole prompt's room at once: grown chunk by chunk (256, 512, 1024 ...) each
+            # copy left its old buffer as a hole in the heap beside the others' caches.
+            cache.reserve(len(prompt_ids))
             if self.prefixes is not None:
                 self.prefixes.restore(prompt_ids, cache)
         text = TextAssembler(self.tokenizer, sampling.stop)

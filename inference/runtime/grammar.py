@@ -135,11 +135,9 @@ class SchemaCompiler:
             self._tokenizer()
 
     def _tokenizer(self):  # with the lock held
-        import llguidance.hf
-
         if self._ll_tokenizer is None:
             self._ll_tokenizer = self._with_tokenizer(
-                lambda hf: llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size)
+                lambda hf: grammar_tokenizer(hf, self.vocab_size)
             )
         return self._ll_tokenizer
 
@@ -207,6 +205,61 @@ class SchemaCompiler:
             raise _refusal(param, template.get_error())
         _probe(template.deep_copy(), param)
         return Grammar(template, self.vocab_size, param)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: how a byte-level BPE vocabulary
+    (Qwen's, SmolLM2's) writes each byte of a token as one printable character."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    chars = printable + [256 + n for n in range(len(others))]
+    return {chr(c): b for b, c in zip(printable + others, chars, strict=True)}
+
+
+class _HfCallback:
+    """What llguidance.TokenizerWrapper takes: the token table, and tokenizing by a call
+    into the HF tokenizer (text, specials split out, none added: as llguidance's own)."""
+
+    def __init__(self, hf, tokens: list[bytes], special: list[int]):
+        self.eos_token_id = hf.eos_token_id
+        self.bos_token_id = hf.bos_token_id
+        self.tokens = tokens
+        self.special_token_ids = special
+        self._encode = hf.backend_tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # so the wrapper hands over text, not bytes
+            raise TypeError("text only")
+        return self._encode(text, add_special_tokens=False).ids
+
+
+def grammar_tokenizer(hf, vocab_size: int):
+    """llguidance's tokenizer for `hf`. For a byte-level BPE vocabulary it is built from the
+    tokens' bytes and a callback into `hf`, with the bytes and special marks that
+    `llguidance.hf.from_tokenizer` gives (every added token special, the ids past the
+    vocabulary named `<[id]>`; tests/inference/runtime/test_grammar_tokenizer.py): that one
+    builds a second Rust tokenizer from the JSON, 160 MB of RSS on Qwen's vocabulary
+    against 42 MB so (docs/native.md, Memory). Any other vocabulary goes that way."""
+    import llguidance
+    import llguidance.hf
+    from tokenizers import decoders
+
+    if len(hf) > vocab_size or not isinstance(hf.backend_tokenizer.decoder, decoders.ByteLevel):
+        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+    alphabet = _byte_level_alphabet()
+    added = hf.added_tokens_decoder
+    tokens: list[bytes] = []
+    for i, text in enumerate(hf.convert_ids_to_tokens(list(range(len(hf))))):
+        if i in added:
+            tokens.append(added[i].content.encode())
+        elif text is None or any(c not in alphabet for c in text):
+            return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+        else:
+            tokens.append(bytes(alphabet[c] for c in text))
+    beyond = range(len(tokens), vocab_size)
+    tokens += [f"<[{i}]>".encode() for i in beyond]
+    callback = _HfCallback(hf, tokens, sorted(added) + list(beyond))
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(callback), n_vocab=vocab_size)
 
 
 def check_size(schema: dict, text: str, param: str) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from inference.quant import rowint8
 from inference.quant.rowint8 import FusedPart, RowInt8Linear
+from tests.support.tiny import TINY
 
 
 def activations(rows: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -90,18 +91,6 @@ def test_fused_projections_give_each_its_slice_with_one_product():
         assert owner.ab._input is None  # nothing held between forwards
         other = torch.randn(1, 1, 64, generator=gen)
         assert torch.allclose(owner.b(other), reference["b"](other), atol=1e-5)
-
-
-TINY = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
 
 
 @pytest.fixture(scope="module")
