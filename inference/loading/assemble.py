@@ -228,7 +228,7 @@ def model_size(folder: Path):
     from transformers import AutoConfig
 
     from inference.host import cpu
-    from inference.loading.checkpoint import LAYERWISE_TYPES
+    from inference.loading.checkpoint import layerwise
     from inference.quant.rowint4 import BLOCK
 
     config = AutoConfig.from_pretrained(folder)
@@ -245,10 +245,8 @@ def model_size(folder: Path):
     # is mapped from the checkpoint's file (inference/quant/embedding.py).
     tied = getattr(config, "tie_word_embeddings", False)
     params = linears + (0 if tied else config.vocab_size * hidden)
-    four_bit = (
-        config.model_type in LAYERWISE_TYPES
-        and any(folder.glob("*.safetensors"))
-        and all(k % BLOCK == 0 for k in (hidden, heads * head_dim, inner))
+    four_bit = layerwise(folder, config) and all(
+        k % BLOCK == 0 for k in (hidden, heads * head_dim, inner)
     )
     return cpu.ModelSize(params, linears, four_bit)
 

@@ -99,6 +99,12 @@ SMOOTHED = ("int8", "int8-row")
 LAYERWISE_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
+def layerwise(folder: Path, config) -> bool:
+    """Whether `folder`'s model is built layer by layer (load_quantized): a Llama-style
+    decoder in safetensors. int4-row takes only these (auto's rule asks too)."""
+    return config.model_type in LAYERWISE_TYPES and any(folder.glob("*.safetensors"))
+
+
 def _load_then_quantize(folder: Path, quantize: str, target: torch.dtype) -> nn.Module:
     """Any other architecture: load whole, then quantize its Linears (a higher peak, and no
     smoothing)."""
@@ -151,10 +157,10 @@ def load_quantized(
     per_row = four_bit or (quantize == "int8-row" and (native is not None or rowint8.available()))
     kind = rowint4.RowInt4Linear if four_bit else rowint8.RowInt8Linear
     config = AutoConfig.from_pretrained(folder)
-    layerwise = config.model_type in LAYERWISE_TYPES and any(folder.glob("*.safetensors"))
-    if four_bit and not layerwise:
+    by_layer = layerwise(folder, config)
+    if four_bit and not by_layer:
         raise ValueError(f"{folder.name}: int4-row takes Llama-style decoders in safetensors")
-    if not layerwise:
+    if not by_layer:
         return _load_then_quantize(folder, quantize, target)
     heap.mmap_threshold(1 << 20)
     model = None if hf_forward else skeleton.empty_model(config, target)
