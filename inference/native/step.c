@@ -860,6 +860,30 @@ static v8f scores8(const float *q, const uint16_t *keys, int count, int d) {
     return lane_sums(acc);
 }
 
+/* o = sum over keys j < n, in order, of p[j] * v_j, divided by total. Each p * v is rounded,
+ * then added (-ffp-contract=off): every lane sums its products in key order, so the bits are
+ * the same however the lanes are grouped. A head at a time and 64 lanes at a time, so the
+ * sums stay in registers (a group's heads all at once held 7 x 8 vectors, spilled to memory
+ * on every add). */
+static void weigh_values(const float *p, const uint16_t *values, int n, int d, float total,
+                         float *o) {
+    int i = 0;
+    for (; i + 64 <= d; i += 64) {
+        v8f acc[8] = {{0}};
+        for (int j = 0; j < n; j++) {
+            const uint16_t *v = values + (size_t)j * d + i;
+            float pj = p[j];
+            for (int t = 0; t < 8; t++) acc[t] += pj * from_half8(v + 8 * t);
+        }
+        for (int t = 0; t < 8; t++) *(v8f *)(o + i + 8 * t) = acc[t] / total;
+    }
+    for (; i < d; i += 8) {
+        v8f acc = {0};
+        for (int j = 0; j < n; j++) acc += p[j] * from_half8(values + (size_t)j * d + i);
+        *(v8f *)(o + i) = acc / total;
+    }
+}
+
 /* One (row, key head): for each query head h of its group, softmax(q_h . k_j * scaling)
  * over j <= the row's position, times v. The group's heads share each read of a key and a
  * value. Keys go in blocks of 8, the last one padded with zero lanes: a row's bits depend on
@@ -896,20 +920,9 @@ static void attend(void *ctx, int begin, int end, int thread) {
             }
             total[h] = lane_sums((v8f[8]){total8, {0}, {0}, {0}, {0}, {0}, {0}, {0}})[0];
         }
-        v8f out[group][d / 8];
-        memset(out, 0, sizeof out);
-        for (int j = 0; j < n; j++) {
-            v8f v[d / 8];
-            for (int i = 0; i < d / 8; i++) v[i] = from_half8(values + (size_t)j * d + 8 * i);
-            for (int h = 0; h < group; h++) {
-                float p = scores[(size_t)h * s->stride + j];
-                /* p * v rounded, then added: not fused (-ffp-contract=off) */
-                for (int i = 0; i < d / 8; i++) out[h][i] += p * v[i];
-            }
-        }
         for (int h = 0; h < group; h++) {
             float *o = s->attn + (size_t)r * m->heads * d + (size_t)(g * group + h) * d;
-            for (int i = 0; i < d / 8; i++) *(v8f *)(o + 8 * i) = out[h][i] / total[h];
+            weigh_values(scores + (size_t)h * s->stride, values, n, d, total[h], o);
         }
     }
 }
