@@ -14,12 +14,20 @@ included. Elsewhere they depend on the chunking: the engine then keeps only prom
 prefilled in fixed chunks that a block's end always falls on. Either way an answer is
 identical with or without the cache. Blocks are kept by recency within a byte budget, and
 all of them are given back when the PC runs short of memory (`MemAvailable`).
+
+Where a row's bits depend on its position alone (`partial`: the native step, whose rows
+may be computed in any chunks, one row included), a prefix may also end inside a block:
+after the whole blocks found, the child block of the last one (blocks know their parent
+and their tokens) that shares the most of the prompt's next tokens gives those positions
+too. A tool's fixed system prompt then costs only its question: its last, part-filled
+block, up to 15 tokens computed again on every request otherwise, comes from the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -50,32 +58,66 @@ def memory_is_short() -> bool:
     return memory.available < LOW_MEMORY_SHARE * memory.total
 
 
+@dataclass(frozen=True)
+class _Block:
+    """One block's keys and values [layers, 2, kv_heads, block, head_dim], the hash of the
+    block before it (b"" for a prompt's first) and its tokens (a partial match reads them)."""
+
+    kv: torch.Tensor
+    parent: bytes
+    tokens: tuple[int, ...]
+
+
 class PrefixCache:
     """Blocks of keys and values by prefix hash, least recently used first out."""
 
-    def __init__(self, budget_bytes: int, block: int = BLOCK, memory_is_short=memory_is_short):
+    def __init__(
+        self,
+        budget_bytes: int,
+        block: int = BLOCK,
+        memory_is_short=memory_is_short,
+        partial: bool = False,
+    ):
         """`block`: tokens per block, a multiple of the engine's prefill chunk alignment (a
-        restored prefix must end where a fresh prefill's chunk would)."""
+        restored prefix must end where a fresh prefill's chunk would). `partial`: a prefix
+        may end inside a block (only where a row's bits depend on its position alone)."""
         self.budget_bytes = budget_bytes
         self.block = block
+        self.partial = partial
         self.bytes = 0
         self.hits = self.misses = 0  # prompt tokens taken from the cache / computed
-        self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self._children: dict[bytes, set[bytes]] = {}  # parent hash -> its blocks' hashes
         self._memory_is_short = memory_is_short
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def _found(self, prompt_ids: list[int]) -> list[tuple[bytes, torch.Tensor]]:
+    def _found(self, prompt_ids: list[int]) -> tuple[list[tuple[bytes, _Block]], int]:
         """The cached blocks of the longest cached prefix of `prompt_ids`, never its last
-        token (whose forward gives the first answer token's logits)."""
-        found = []
+        token (whose forward gives the first answer token's logits), and how many tokens of
+        the last of them it covers (all but where a partial match ends the list)."""
+        found, parent = [], b""
         for key in _chain(prompt_ids, (len(prompt_ids) - 1) // self.block, self.block):
             block = self._blocks.get(key)
             if block is None:
                 break
             found.append((key, block))
-        return found
+            parent = key
+        if not self.partial:
+            return found, self.block
+        rest = prompt_ids[len(found) * self.block : len(prompt_ids) - 1]
+        best, shared = None, 0
+        for key in list(self._children.get(parent, ())):  # a copy: keep() may add to it
+            block = self._blocks.get(key)
+            if block is None:
+                continue
+            n = _common(block.tokens, rest)
+            if n > shared:
+                best, shared = (key, block), n
+        if best is None:
+            return found, self.block
+        return [*found, best], shared
 
     def cached_tokens(self, prompt_ids: list[int]) -> int:
         """How many prompt tokens `restore` would take from the cache now: admission's
@@ -83,21 +125,23 @@ class PrefixCache:
         inference thread keeps and drops blocks: single dict lookups (atomic under CPython's
         GIL; a free-threaded build would need a lock), recency untouched. Blocks may go
         before the job starts; it is an estimate."""
-        return len(self._found(prompt_ids)) * self.block
+        found, last = self._found(prompt_ids)
+        return (len(found) - 1) * self.block + last if found else 0
 
     def restore(self, prompt_ids: list[int], cache: SequenceCache) -> int:
         """Copy the longest cached prefix of `prompt_ids` into the empty `cache`; returns its
         length in tokens. The last prompt token is always left to compute."""
         size = self.block
-        found = self._found(prompt_ids)
+        found, last = self._found(prompt_ids)
         for key, _ in reversed(found):  # a prefix is used at least as recently as its ends
             self._blocks.move_to_end(key)
-        tokens = len(found) * size
+        tokens = (len(found) - 1) * size + last if found else 0
         if tokens:
             cache.reserve(tokens)
             buffer = cache.buffer()
             for i, (_, block) in enumerate(found):
-                buffer[:, :, :, i * size : (i + 1) * size] = block
+                end = min(tokens, (i + 1) * size)
+                buffer[:, :, :, i * size : end] = block.kv[:, :, :, : end - i * size]
             cache.commit(tokens)
         self.hits += tokens
         self.misses += len(prompt_ids) - tokens
@@ -117,15 +161,23 @@ class PrefixCache:
         chain = _chain(prompt_ids, blocks, size)
         for i, key in enumerate(chain):
             if key not in self._blocks:
-                self._blocks[key] = buffer[:, :, :, i * size : (i + 1) * size].clone()
+                parent = chain[i - 1] if i else b""
+                kv = buffer[:, :, :, i * size : (i + 1) * size].clone()
+                self._blocks[key] = _Block(kv, parent, tuple(prompt_ids[i * size : (i + 1) * size]))
+                self._children.setdefault(parent, set()).add(key)
                 self.bytes += nbytes
         # The chain's first blocks are its most recent: its ends go out before its start.
         for key in reversed(chain):
             if key in self._blocks:
                 self._blocks.move_to_end(key)
         while self.bytes > self.budget_bytes:
-            _, block = self._blocks.popitem(last=False)
-            self.bytes -= block.numel() * block.element_size()
+            key, block = self._blocks.popitem(last=False)
+            self.bytes -= block.kv.numel() * block.kv.element_size()
+            siblings = self._children.get(block.parent)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[block.parent]
 
     def as_dict(self) -> dict:
         """For /health: the budget, what is held, and the prompt tokens taken from it or
@@ -140,4 +192,15 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._children.clear()
         self.bytes = 0
+
+
+def _common(a: tuple[int, ...], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

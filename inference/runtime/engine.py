@@ -100,7 +100,8 @@ class Stream:
         return torch.Generator().manual_seed(_mix(self.sampling.seed, self.completion_tokens))
 
     def next_chunk(self, rows: int) -> list[int]:
-        """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block)."""
+        """Up to `rows` more prompt ids (`rows` and `prefilled` are multiples of the block,
+        but for a prefix that ended inside one on the native step)."""
         return self.prompt_ids[self.prefilled : self.prefilled + rows]
 
 
@@ -145,7 +146,10 @@ class Engine:
             self.block = self.alone_rows = PREFILL_CHUNK
         self.prefixes = None
         if prefix_cache_bytes > 0:
-            self.prefixes = PrefixCache(prefix_cache_bytes, self.block)
+            # The native step's rows depend on their position alone: a prefix may end
+            # inside a block there, and the prompt's rest be computed in any chunks.
+            partial = self.decoder.native is not None
+            self.prefixes = PrefixCache(prefix_cache_bytes, self.block, partial=partial)
         # What runs a step: the native library's build (inference/native) or torch's ops.
         self.decode_step = f"native {self.decoder.native}" if self.decoder.native else "torch"
         # Equal digests, equal answers on any PC: where the native step serves (the torch

@@ -1,6 +1,7 @@
 """The shared prefix cache's bookkeeping on small caches: a prefix comes back bit for bit,
-only whole blocks and never the last prompt token, a different token ends the match, the
-budget holds by recency with a prefix outliving its ends, and low memory empties it."""
+only whole blocks (or, with `partial`, up to the first different token) and never the last
+prompt token, a different token ends the match, the budget holds by recency with a prefix
+outliving its ends, and low memory empties it."""
 
 from __future__ import annotations
 
@@ -98,3 +99,52 @@ def test_counting_the_cached_tokens_changes_nothing():
     store.keep(third, filled(third))
     assert store.cached_tokens(first) == 2 * BLOCK
     assert store.cached_tokens(second) == 3 * BLOCK
+
+
+def test_a_partial_prefix_ends_at_the_first_different_token():
+    store, ids = PrefixCache(1 << 20, partial=True), prompt(3 * BLOCK + 5)
+    store.keep(ids, filled(ids))
+    other = ids[: 2 * BLOCK + 7] + [0, 0, 0]
+    fresh = empty(len(other))
+    assert store.cached_tokens(other) == 2 * BLOCK + 7
+    assert store.restore(other, fresh) == 2 * BLOCK + 7
+    assert fresh.length == 2 * BLOCK + 7
+    reference = filled(ids).buffer()[:, :, :, : 2 * BLOCK + 7]
+    assert torch.equal(fresh.buffer()[:, :, :, : 2 * BLOCK + 7], reference)
+    # inside the first block too, and never the last prompt token
+    assert store.cached_tokens(ids[:5] + [0]) == 5
+    assert store.cached_tokens(ids[:5]) == 4
+    assert PrefixCache(1 << 20).cached_tokens(other) == 0  # without partial: whole blocks
+    whole = PrefixCache(1 << 20)
+    whole.keep(ids, filled(ids))
+    assert whole.cached_tokens(other) == 2 * BLOCK
+
+
+def test_a_partial_prefix_takes_the_sibling_that_shares_most():
+    store = PrefixCache(1 << 20, partial=True)
+    stem = prompt(BLOCK)
+    near, nearer = stem + prompt(BLOCK + 1, start=100), stem + prompt(BLOCK + 1, start=100)
+    near[BLOCK + 3] = nearer[BLOCK + 9] = 0
+    for ids in (near, nearer):
+        store.keep(ids, filled(ids))
+    asked = stem + prompt(BLOCK + 1, start=100)
+    assert store.cached_tokens(asked) == BLOCK + 9
+    fresh = empty(len(asked))
+    assert store.restore(asked, fresh) == BLOCK + 9
+    assert torch.equal(
+        fresh.buffer()[:, :, :, : BLOCK + 9], filled(nearer).buffer()[:, :, :, : BLOCK + 9]
+    )
+
+
+def test_an_evicted_block_is_no_partial_match():
+    store = PrefixCache(2 * PER_BLOCK, partial=True)
+    first = prompt(2 * BLOCK + 1)
+    store.keep(first, filled(first))
+    asked = first[: BLOCK + 4] + [0]
+    assert store.cached_tokens(asked) == BLOCK + 4
+    other = prompt(BLOCK + 1, start=1000)
+    store.keep(other, filled(other))  # the budget holds two blocks: first's end goes
+    assert store.cached_tokens(asked) == BLOCK
+    assert store.cached_tokens(other[:6] + [0]) == 6
+    store.clear()
+    assert store.cached_tokens(other[:6] + [0]) == 0

@@ -42,6 +42,13 @@ def answer(engine, ids, sampling=GREEDY) -> str:
     return "".join(parts)
 
 
+def reusable(engine, shared: int) -> int:
+    """What the cache gives of `shared` cached prompt tokens: all of them where a prefix may
+    end inside a block (the native step), else its whole blocks."""
+    block = engine.prefixes.block
+    return shared if engine.prefixes.partial else shared // block * block
+
+
 def fresh(engine, ids, sampling=GREEDY) -> str:
     """The answer with nothing cached: the whole prompt runs."""
     engine.prefixes.clear()
@@ -83,7 +90,7 @@ def test_two_conversations_and_a_shared_system_prompt(engine_and_prompts):
     pairs = zip(prompts.encode(first), second_ids, strict=False)
     shared = next(i for i, (a, b) in enumerate(pairs) if a != b)
     second_answer = answer(engine, second_ids)  # the system prompt came from the first
-    assert engine.reused_tokens == shared // block * block > 0
+    assert engine.reused_tokens == reusable(engine, shared) > 0
     # the first conversation goes on after the second: its own history is still there
     follow = [*first, {"role": "assistant", "content": first_answer}]
     follow.append({"role": "user", "content": TURNS[1]})
@@ -94,14 +101,32 @@ def test_two_conversations_and_a_shared_system_prompt(engine_and_prompts):
     assert second_answer == fresh(engine, second_ids)
 
 
-def test_the_same_prompt_twice_reruns_only_its_last_block(engine_and_prompts):
+def test_the_same_prompt_twice_reruns_only_its_end(engine_and_prompts):
     engine, prompts = engine_and_prompts
+    assert engine.prefixes.partial == (engine.decode_step != "torch")
     system = {"role": "system", "content": SYSTEM}
     ids = prompts.encode([system, {"role": "user", "content": "Hi."}])
     first = fresh(engine, ids)
     assert answer(engine, ids) == first
-    block = engine.prefixes.block
-    assert engine.reused_tokens == (len(ids) - 1) // block * block
+    assert engine.reused_tokens == reusable(engine, len(ids) - 1)  # the last token runs
+
+
+def test_a_prefix_that_ends_inside_a_block(engine_and_prompts):
+    """Two questions after one system prompt part their ways inside a block: the second
+    takes every shared token (native) and answers as a fresh run does, at any chunking."""
+    engine, prompts = engine_and_prompts
+    engine.prefixes.clear()
+    system = {"role": "system", "content": SYSTEM}
+    first = prompts.encode([system, {"role": "user", "content": TURNS[0]}])
+    second = prompts.encode([system, {"role": "user", "content": TURNS[2]}])
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared % engine.prefixes.block  # they part inside a block
+    expected = fresh(engine, second)
+    engine.prefixes.clear()
+    answer(engine, first)
+    assert engine.prefixes.cached_tokens(second) == reusable(engine, shared)
+    assert answer(engine, second) == expected
+    assert engine.reused_tokens == reusable(engine, shared)
 
 
 def test_cached_prefixes_in_a_full_batch_with_speculation(engine_and_prompts):
