@@ -1,6 +1,6 @@
 """`python -m bench`: the arguments, and which benchmark runs (side by side, --http,
---batch-curve, --latency, --speculation, --prefix, --versus-server); the JSON report written
-where --json says."""
+--batch-curve, --latency, --speculation, --prefix, --long-prompt, --versus-server); the JSON
+report written where --json says."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "12-exchange chat and fresh prompts, cache on and off (python -m bench --prefix --help)",
     )
     parser.add_argument(
+        "--long-prompt",
+        action="store_true",
+        help="what a long prompt costs three streams answering beside it, by its length "
+        "(python -m bench --long-prompt --help)",
+    )
+    parser.add_argument(
         "--versus-server",
         action="store_true",
         help="deskchat's server against llama-server instead, each alone at its defaults, "
@@ -88,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving import prefix
 
         return prefix.main([a for a in argv if a != "--prefix"])
+    if "--long-prompt" in argv:  # its own options: bench/serving/long_prompt.py
+        from bench.serving import long_prompt
+
+        return long_prompt.main([a for a in argv if a != "--long-prompt"])
     if "--versus-server" in argv:  # its own options: bench/serving/versus.py
         from bench.serving import versus
 

@@ -37,9 +37,10 @@ PROBE_STREAMS = 3
 PROBE_ANSWER_TOKENS = 400
 
 
-def long_prompt_probe(url: str) -> dict:
-    """Inter-token gaps of PROBE_STREAMS running streams while a ~1,000-token prompt is
-    prefilled beside them."""
+def long_prompt_probe(url: str, prompt: list[dict] = LONG_PROMPT, quiet_s: float = 3.0) -> dict:
+    """Inter-token gaps of PROBE_STREAMS running streams while `prompt` (by default about
+    1,000 tokens) is prefilled beside them, and before it came (from each stream's second
+    token on: the quiet gaps)."""
     runners: list[dict] = [{} for _ in range(PROBE_STREAMS)]
 
     def run(i):
@@ -48,22 +49,26 @@ def long_prompt_probe(url: str) -> dict:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(PROBE_STREAMS)]
     for thread in threads:
         thread.start()
-    time.sleep(3.0)  # the streams are decoding
+    time.sleep(quiet_s)  # the streams are decoding
     sent = time.perf_counter()
-    long = chat_once(url, LONG_PROMPT, 8)
+    long = chat_once(url, prompt, 8)
     for thread in threads:
         thread.join()
     if "error" in long or any("error" in r for r in runners):
         errors = [r.get("error") for r in [long, *runners] if "error" in r]
         return {"error": "; ".join(errors)}
     first = long["arrivals"][0] if long["arrivals"] else sent
-    during = []
+    during, quiet = [], []
     for r in runners:
         times = [t for t in r["arrivals"] if sent <= t <= first]
-        before = [t for t in r["arrivals"] if t < sent][-1:]  # the gap spanning `sent`
-        during += gaps_ms(before + times)
+        before = [t for t in r["arrivals"] if t < sent]
+        during += gaps_ms(before[-1:] + times)  # with the gap spanning `sent`
+        quiet += gaps_ms(before)
     return {
         "long_ttft_ms": round(long["ttft_ms"], 1),
+        "gap_ms_p50_quiet": round(percentile(quiet, 50), 1) if quiet else None,
+        "gap_ms_p99_quiet": round(percentile(quiet, 99), 1) if quiet else None,
+        "gaps_quiet": len(quiet),
         "gap_ms_p50_during": round(percentile(during, 50), 1),
         "gap_ms_p99_during": round(percentile(during, 99), 1),
         "gaps_during": len(during),

@@ -27,6 +27,7 @@ from inference.model.kvcache import SequenceCache
 from inference.model.prefix_cache import PrefixCache
 from inference.runtime import sampler
 from inference.runtime.accept import TextAssembler, TokenPieces, accept
+from inference.runtime.chunking import PromptChunks
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
 from inference.runtime.schedule import (
     ALIGN,
@@ -144,6 +145,9 @@ class Engine:
             self.block = self.alone_rows = PREFILL_BLOCK
         else:
             self.block = self.alone_rows = PREFILL_CHUNK
+        # Prompt rows beside answering streams, sized from measured steps; any number on the
+        # native step (a row depends on its position alone), whole blocks elsewhere.
+        self.chunks = PromptChunks(1 if self.decoder.native else self.block)
         self.prefixes = None
         if prefix_cache_bytes > 0:
             # The native step's rows depend on their position alone: a prefix may end
@@ -219,13 +223,17 @@ class Engine:
         ones), run them, accept each stream's tokens from its rows. What one stream's own
         choices raise (its draft, sampling, grammar, text) ends that stream alone
         (`Stream.error`); the forward is everyone's."""
-        plan = schedule(streams, self.alone_rows, self.block)  # which rows run
+        beside = self.chunks.beside()
+        plan = schedule(streams, self.alone_rows, self.block, beside)  # which rows run
         if not plan.segments:
             return
         started = time.perf_counter()
         logits = self.decoder.forward(plan.segments)  # run them, all streams in one forward
         seconds = time.perf_counter() - started
-        self.last_forward = (sum(len(segment.ids) for segment in plan.segments), seconds)
+        prompt_rows = sum(len(s.ids) for s in plan.segments if not s.decoding)
+        rows = sum(len(segment.ids) for segment in plan.segments)
+        self.last_forward = (rows, seconds)
+        self.chunks.observe(rows - prompt_rows, prompt_rows, seconds)
         _share_prefill_time(plan, *self.last_forward)
         drafted, accepted = accept(plan, logits, self.eos_ids, self.pieces)  # their tokens
         self.drafted_tokens += drafted

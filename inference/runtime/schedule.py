@@ -6,12 +6,13 @@ token, with the tokens drafted for it after it, then prompt chunks of the prefil
 streams, in order, so a long prompt arriving costs the running streams a little per step
 instead of freezing them.
 
-Prompts are prefilled in chunks. Boundaries fall on multiples of a block counted from the
-prompt's start, so a cancel or deadline is noticed between chunks and prefix_cache reuses
-whole blocks. With per-row int8 (batch-invariant) any chunking on 16-token boundaries gives
-bitwise the same keys, values and logits (checked on SmolLM2 with 16, 32 and 64; 7 and 1
-differ), so the chunk size may follow the load: big alone, small beside decoding streams,
-whose next token waits for the step. Otherwise the chunking must be the same every time.
+Prompts are prefilled in chunks, so a cancel or deadline is noticed between chunks. With
+torch's per-row int8 (batch-invariant) any chunking on 16-token boundaries gives bitwise the
+same keys, values and logits (checked on SmolLM2 with 16, 32 and 64; 7 and 1 differ); on the
+native step any chunking does (a row depends on its position alone), so a chunk may end
+anywhere there. The chunk size may follow the load: big alone, beside decoding streams,
+whose next token waits for the step, as many rows as keep the step within about twice a
+step without them (chunking.py). Otherwise the chunking must be the same every time.
 
 Drafts (with `speculate`) are prompt-lookup guesses: the tokens that followed the answer's
 last few tokens earlier on. Answers to grounded work (summarize this, extract that, fix
@@ -32,7 +33,7 @@ from inference.model.decoder import Segment
 
 ALIGN = 16
 PREFILL_CHUNK = 256  # rows per forward when no other stream is decoding
-PREFILL_BESIDE = 32  # prompt rows per step while others decode (their inter-token gap)
+PREFILL_BESIDE = 32  # prompt rows per step while others decode, until measured (chunking.py)
 PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not batch-invariant
 
 LONGEST = 4  # n-gram sizes looked up, longest first: a longer match is a better guess
@@ -108,11 +109,12 @@ class Plan:
         self.segments.append(segment)
 
 
-def schedule(streams: list, alone_rows: int, block: int) -> Plan:
+def schedule(streams: list, alone_rows: int, block: int, beside_rows: int = PREFILL_BESIDE) -> Plan:
     """The rows of the next forward: a token for every decoding stream (with the tokens
     drafted for it, if any), and prompt chunks of the first prefilling ones, in order, up to
-    `alone_rows` rows, or PREFILL_BESIDE while some stream is decoding; each chunk counts
-    whole `block`s. A stream whose draft raises (its grammar's) ends alone, unscheduled."""
+    `alone_rows` rows, or `beside_rows` while some stream is decoding (chunking.py measures
+    it); each chunk counts whole `block`s. A stream whose draft raises (its grammar's) ends
+    alone, unscheduled."""
     plan = Plan()
     active = [s for s in streams if s.finish is None]
     for stream in active:
@@ -123,7 +125,7 @@ def schedule(streams: list, alone_rows: int, block: int) -> Plan:
                 stream.fail(exc)
                 continue
             plan.add(stream, Segment(stream.cache, [stream.token, *tokens], decoding=True))
-    room = PREFILL_BESIDE if plan.segments else alone_rows
+    room = beside_rows if plan.segments else alone_rows
     for stream in active:
         if stream.prefilling and room > 0:
             chunk = stream.next_chunk(room)
