@@ -230,9 +230,10 @@ class Config:
         1_048_576,
     )
     max_prompt_tokens: int = _setting(
-        2048,
+        3072,
         "Prompt tokens one request may bring (system text and history included); more get "
-        "413. Bounds one prefill to a few seconds on a 2-core PC (docs/api.md 'Admission').",
+        "413. The default leaves the context room for the longest answer allowed "
+        "(docs/api.md 'Admission').",
         1,
         1_048_576,
     )

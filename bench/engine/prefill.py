@@ -4,7 +4,8 @@
 loads the engine with the DESKCHAT_* settings of the environment, then runs prompts of
 growing length (a system text of repeated sentences plus one question), one answer token
 each, and prints one JSON line per length: prompt tokens, prefill (TTFT) seconds per run,
-and prompt tokens per second; then the 1-minute load average before and after.
+and prompt tokens per second; then the 1-minute load average before and after. The prefix
+cache is emptied before each run: every run computes its whole prompt.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = ids[-wanted:] if len(ids) > wanted else ids
         times = []
         for _ in range(args.runs):
+            if engine.prefixes is not None:  # each run computes the whole prompt
+                engine.prefixes.clear()
             started = time.perf_counter()
             budget = answer_budget(len(ids), 1, engine.context_tokens)  # 0 if ids fill it
             gen = engine.run(ids, Sampling(max_tokens=budget), lambda _t: None, lambda: False)

@@ -52,7 +52,7 @@ def test_tools_are_counted(embedded_server):
 
 
 def test_the_limits_shown_are_the_ones_the_413_applies(embedded_server):
-    long = {"message": "hello " * 3000}
+    long = {"message": "hello " * 3500}  # past the 3072 default, within the context
     found = counted(embedded_server, "/tokenize", long)
     assert found["fits"] is False and found["count"] > found["max_prompt_tokens"]
     assert found["max_prompt_tokens"] < found["context_tokens"]
