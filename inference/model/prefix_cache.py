@@ -38,14 +38,19 @@ BLOCK = 16  # tokens per block, by default: the engine's chunk alignment on per-
 LOW_MEMORY_SHARE = 0.10
 
 
+def _digest(parent: bytes, tokens: list[int]) -> bytes:
+    """A block's hash: its parent's and its own tokens (a part-filled block has fewer tokens,
+    so never the hash of a whole one)."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    return digest.digest()
+
+
 def _chain(prompt_ids: list[int], blocks: int, block: int) -> list[bytes]:
     """The hash of each of the first `blocks` blocks, each covering all blocks before it."""
     hashes, previous = [], b""
     for i in range(blocks):
-        chunk = prompt_ids[i * block : (i + 1) * block]
-        digest = hashlib.blake2b(previous, digest_size=16)
-        digest.update(b"".join(t.to_bytes(4, "little") for t in chunk))
-        previous = digest.digest()
+        previous = _digest(previous, prompt_ids[i * block : (i + 1) * block])
         hashes.append(previous)
     return hashes
 
@@ -148,26 +153,29 @@ class PrefixCache:
         return tokens
 
     def keep(self, prompt_ids: list[int], cache: SequenceCache) -> None:
-        """Keep the whole blocks of `prompt_ids` that `cache` holds and this cache lacks."""
+        """Keep the blocks of `prompt_ids` that `cache` holds and this cache lacks: whole
+        blocks, and with `partial` the part-filled last one too, so the next question of a
+        conversation computes only what follows the answer, not also the answer's last
+        block again."""
         if self._memory_is_short():
             self.clear()
             return
-        size = self.block
-        blocks = min(len(prompt_ids), cache.length) // size
-        buffer = cache.buffer()
-        nbytes = buffer[:, :, :, :size].numel() * buffer.element_size()  # every block's size
-        if blocks == 0 or nbytes > self.budget_bytes:
+        size, buffer = self.block, cache.buffer()
+        if buffer[:, :, :, :size].numel() * buffer.element_size() > self.budget_bytes:
             return
-        chain = _chain(prompt_ids, blocks, size)
+        held = min(len(prompt_ids), cache.length)
+        chain = _chain(prompt_ids, held // size, size)
         for i, key in enumerate(chain):
-            if key not in self._blocks:
-                parent = chain[i - 1] if i else b""
-                kv = buffer[:, :, :, i * size : (i + 1) * size].clone()
-                self._blocks[key] = _Block(kv, parent, tuple(prompt_ids[i * size : (i + 1) * size]))
-                self._children.setdefault(parent, set()).add(key)
-                self.bytes += nbytes
+            self._add(key, chain[i - 1] if i else b"", prompt_ids, i * size, buffer)
+        ends = list(chain)
+        start = len(chain) * size
+        parent = chain[-1] if chain else b""
+        tail = prompt_ids[start:held]
+        if self.partial and tail and not self._covered(parent, tail):
+            ends.append(_digest(parent, tail))
+            self._add(ends[-1], parent, prompt_ids[:held], start, buffer)
         # The chain's first blocks are its most recent: its ends go out before its start.
-        for key in reversed(chain):
+        for key in reversed(ends):
             if key in self._blocks:
                 self._blocks.move_to_end(key)
         while self.bytes > self.budget_bytes:
@@ -178,6 +186,23 @@ class PrefixCache:
                 siblings.discard(key)
                 if not siblings:
                     del self._children[block.parent]
+
+    def _add(self, key: bytes, parent: bytes, ids: list[int], start: int, buffer) -> None:
+        """Keep the block `key` of ids[start : start + block] (fewer at the end of `ids`)."""
+        if key in self._blocks:
+            return
+        tokens = tuple(ids[start : start + self.block])
+        kv = buffer[:, :, :, start : start + len(tokens)].clone()
+        self._blocks[key] = _Block(kv, parent, tokens)
+        self._children.setdefault(parent, set()).add(key)
+        self.bytes += kv.numel() * kv.element_size()
+
+    def _covered(self, parent: bytes, tokens: list[int]) -> bool:
+        """Whether a kept block after `parent` starts with all of `tokens`."""
+        return any(
+            _common(self._blocks[key].tokens, tokens) == len(tokens)
+            for key in self._children.get(parent, ())
+        )
 
     def as_dict(self) -> dict:
         """For /health: the budget, what is held, and the prompt tokens taken from it or

@@ -138,13 +138,32 @@ def test_a_partial_prefix_takes_the_sibling_that_shares_most():
 
 def test_an_evicted_block_is_no_partial_match():
     store = PrefixCache(2 * PER_BLOCK, partial=True)
-    first = prompt(2 * BLOCK + 1)
+    first = prompt(2 * BLOCK)
     store.keep(first, filled(first))
     asked = first[: BLOCK + 4] + [0]
     assert store.cached_tokens(asked) == BLOCK + 4
-    other = prompt(BLOCK + 1, start=1000)
+    other = prompt(BLOCK, start=1000)
     store.keep(other, filled(other))  # the budget holds two blocks: first's end goes
     assert store.cached_tokens(asked) == BLOCK
     assert store.cached_tokens(other[:6] + [0]) == 6
     store.clear()
     assert store.cached_tokens(other[:6] + [0]) == 0
+
+
+def test_the_part_filled_last_block_is_kept_too():
+    """A finished answer's last, part-filled block: the next question after it computes
+    only its own tokens. Not kept twice, not kept without `partial`, counted in bytes."""
+    store, ids = PrefixCache(1 << 20, partial=True), prompt(2 * BLOCK + 5)
+    store.keep(ids, filled(ids))
+    assert len(store) == 3 and store.bytes == 2 * PER_BLOCK + 5 * PER_BLOCK // BLOCK
+    follow = ids + [7, 7]
+    fresh = empty(len(follow))
+    assert store.restore(follow, fresh) == len(ids)
+    assert torch.equal(
+        fresh.buffer()[:, :, :, : len(ids)], filled(ids).buffer()[:, :, :, : len(ids)]
+    )
+    store.keep(ids[:-2], filled(ids[:-2]))  # a shorter tail the kept one covers: nothing new
+    assert len(store) == 3
+    whole = PrefixCache(1 << 20)
+    whole.keep(ids, filled(ids))
+    assert len(whole) == 2 and whole.cached_tokens(follow) == 2 * BLOCK
