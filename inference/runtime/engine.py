@@ -27,12 +27,12 @@ from inference.model.kvcache import SequenceCache
 from inference.model.prefix_cache import PrefixCache
 from inference.runtime import sampler
 from inference.runtime.accept import TextAssembler, TokenPieces, accept
-from inference.runtime.chunking import PromptChunks
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
 from inference.runtime.schedule import (
     ALIGN,
     PREFILL_BLOCK,
     PREFILL_CHUNK,
+    PromptChunks,
     PromptLookup,
     schedule,
 )

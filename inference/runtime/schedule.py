@@ -12,7 +12,7 @@ same keys, values and logits (checked on SmolLM2 with 16, 32 and 64; 7 and 1 dif
 native step any chunking does (a row depends on its position alone), so a chunk may end
 anywhere there. The chunk size may follow the load: big alone, beside decoding streams,
 whose next token waits for the step, as many rows as keep the step within about twice a
-step without them (chunking.py). Otherwise the chunking must be the same every time.
+step without them (PromptChunks, below). Otherwise the chunking must be the same every time.
 
 Drafts (with `speculate`) are prompt-lookup guesses: the tokens that followed the answer's
 last few tokens earlier on. Answers to grounded work (summarize this, extract that, fix
@@ -33,8 +33,12 @@ from inference.model.decoder import Segment
 
 ALIGN = 16
 PREFILL_CHUNK = 256  # rows per forward when no other stream is decoding
-PREFILL_BESIDE = 32  # prompt rows per step while others decode, until measured (chunking.py)
+PREFILL_BESIDE = 32  # prompt rows beside decoding streams until PromptChunks has measured
 PREFILL_BLOCK = 32  # fixed chunks with prefix_cache on Linears that are not batch-invariant
+
+SLOWER = 2.0  # a step carrying a prompt chunk takes at most about this times one without
+MOST_BESIDE = 64  # prompt rows beside answering streams at most
+NEW_WEIGHT = 0.25  # of a new measurement in PromptChunks' running estimates
 
 LONGEST = 4  # n-gram sizes looked up, longest first: a longer match is a better guess
 SHORTEST = 2  # one token (", the") matches everywhere in open chat and guesses badly
@@ -112,7 +116,7 @@ class Plan:
 def schedule(streams: list, alone_rows: int, block: int, beside_rows: int = PREFILL_BESIDE) -> Plan:
     """The rows of the next forward: a token for every decoding stream (with the tokens
     drafted for it, if any), and prompt chunks of the first prefilling ones, in order, up to
-    `alone_rows` rows, or `beside_rows` while some stream is decoding (chunking.py measures
+    `alone_rows` rows, or `beside_rows` while some stream is decoding (PromptChunks measures
     it); each chunk counts whole `block`s. A stream whose draft raises (its grammar's) ends
     alone, unscheduled."""
     plan = Plan()
@@ -148,3 +152,51 @@ def draft(stream) -> list[int]:
         guess = stream.lookup.draft(room)
         return guess[: stream.constraint.valid_prefix(guess)]
     return stream.lookup.draft(room)
+
+
+class PromptChunks:
+    """How many prompt rows a step carries beside answering streams: running estimates of
+    a step's cost without prompt rows and of a prompt row's cost, and the chunk they allow.
+
+    A long prompt arriving while others answer is prefilled in chunks, one per step, and every
+    answering stream's next token waits for that step. A fixed chunk (32 rows) made such a
+    step take 3-5x a step without one on the Qwen2.5-0.5B shape (a decode step of three
+    streams reads the weights once in ~40 ms; each prompt row adds several ms of products and
+    attention), so the streams' gaps spread that much while the prompt ran. Instead the
+    chunk is sized so that a step with it takes about SLOWER times a step without: both costs
+    are measured as steps run (the seconds of steps without prompt rows, the seconds per
+    prompt row), so the rule holds on a faster PC, a bigger model and a busy one alike. The
+    prompt pays: it gets fewer rows a step (its own first token comes later), which is what a
+    person reading a stream notices least.
+
+    On the native step any chunking gives the same bits (a row depends on its position alone);
+    on torch's per-row int8 a chunk must keep to the engine's block, so chunks are multiples of
+    `align`, at least one.
+    """
+
+    def __init__(self, align: int):
+        self.align = align
+        self.decode_s: float | None = None  # a step with answering rows only
+        self.row_s: float | None = None  # one prompt row's share of a step
+
+    def observe(self, decode_rows: int, prompt_rows: int, seconds: float) -> None:
+        """One forward's rows and time. A step without prompt rows teaches the decode cost;
+        one with them the prompt rows' cost, less the decode rows' share when there are."""
+        if prompt_rows == 0:
+            self.decode_s = _blend(self.decode_s, seconds)
+        elif decode_rows == 0:
+            self.row_s = _blend(self.row_s, seconds / prompt_rows)
+        elif self.decode_s is not None:
+            self.row_s = _blend(self.row_s, max(seconds - self.decode_s, 0.0) / prompt_rows)
+
+    def beside(self) -> int:
+        """Prompt rows for the next step that has answering streams in it."""
+        if self.decode_s is None or not self.row_s:
+            return PREFILL_BESIDE  # before anything is measured
+        rows = int((SLOWER - 1) * self.decode_s / self.row_s)
+        rows = rows // self.align * self.align
+        return max(self.align, min(MOST_BESIDE // self.align * self.align, rows))
+
+
+def _blend(old: float | None, new: float) -> float:
+    return new if old is None else old + NEW_WEIGHT * (new - old)

@@ -61,7 +61,7 @@ def test_greedy_answers_are_the_same_alone_and_in_any_batch(loaded):
 
 
 class Beside:
-    """The engine's measured chunk (inference/runtime/chunking.py) held at one size."""
+    """The engine's measured chunk (inference/runtime/schedule.py) held at one size."""
 
     def __init__(self, rows: int):
         self.rows = rows
