@@ -9,6 +9,14 @@ size. The faster count serves until the next probe. Probes that confirm the coun
 and less often (a probe's steps may be slower: on a quiet PC they are rare), one that
 changes it brings the next one soon.
 
+Steps of LARGE_ROWS rows and more (a prompt's chunks) are not measured against each other:
+their products keep every thread busy, so they run on every thread, and the step after one
+does too (a prompt comes in several chunks). A probe ends at such a step. Before, a probe
+that began as a long prompt arrived ran its whole prefill on one thread, and one thread
+chosen from decode steps beside a busy program served a whole prefill too: a 1,300-token
+prompt on the Qwen2.5-1.5B shape waited 29 s instead of 17-19 s (`python -m bench
+--versus-server`, 2026-12-03).
+
 The count changes between steps only, and only where the answer cannot change with it
 (THREAD_INVARIANT).
 """
@@ -31,6 +39,7 @@ PROBE_STEPS = 6  # steps a probe runs on the other count; the first is not count
 RECENT = 8  # the current count's latest steps of a size that a probe is compared with ...
 RECENT_S = 20.0  # ... if they are no older than this (wall time): the load changes
 BETTER_BY = 0.9  # the other count must be this much faster (its median time, as a ratio)
+LARGE_ROWS = 64  # steps this big run on every thread, unprobed (a prompt's chunks)
 
 # Quantizations whose forward gives the same bits on one thread or several: their GEMMs are
 # integer (exact) and the float ops around them split no sums by thread
@@ -70,7 +79,7 @@ class ThreadGovernor:
         self._clock = clock
         self._wait_s = PROBE_S
         self._stepped = 0.0  # seconds of forwards since the last decision
-        self._probing: list[Forward] = []  # the probe's steps so far
+        self._probing: list[Forward] | None = None  # a probe's steps so far, while one runs
         # (threads, size class) -> the latest (when, seconds) of its steps
         self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}
         self._running = most  # the count the next step runs on (a probe's or the serving one)
@@ -83,18 +92,24 @@ class ThreadGovernor:
         self._stepped += seconds
         key = (self._running, size_class(rows))
         self._recent.setdefault(key, deque(maxlen=RECENT)).append((now, seconds))
-        if self._running != self.threads:
+        if rows >= LARGE_ROWS:  # a prompt's chunk: the next is likely another, on every thread
+            self._probing = None
+            self._run_on(self.most)
+        elif self._probing is not None:
             self._probing.append(last)
             if len(self._probing) >= PROBE_STEPS:
                 self._decide(now)
         elif self._stepped >= self._wait_s:
             self._probing = []
             self._run_on(1 if self.threads == self.most else self.most)
+        else:
+            self._run_on(self.threads)  # after a prompt's chunks, the serving count again
 
     def _decide(self, now: float) -> None:
         """After a probe: the probe's count serves if its steps were faster than the serving
         count's recent steps of the same size, by BETTER_BY."""
         other, probe = self._running, self._probing[1:]
+        self._probing = None
         size = statistics.mode(size_class(rows) for rows, _s in probe)
         theirs = [s for rows, s in probe if size_class(rows) == size]
         recent = self._recent.get((self.threads, size), ())
@@ -118,8 +133,9 @@ class ThreadGovernor:
         self._stepped = 0.0
 
     def _run_on(self, threads: int) -> None:
-        self._running = threads
-        self._set_threads(threads)
+        if threads != self._running:
+            self._running = threads
+            self._set_threads(threads)
 
 
 def governor_for(policy: str, quantize: str, threads: int) -> ThreadGovernor | None:

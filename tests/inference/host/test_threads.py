@@ -80,13 +80,28 @@ def test_a_margin_under_ten_percent_changes_nothing():
 
 def test_steps_of_another_size_or_long_ago_are_not_compared():
     s = Scripted({2: 0.020, 1: 0.012})
-    s.steps(int(threads.PROBE_S / 0.020), rows=64)  # prompt chunks ...
+    s.steps(int(threads.PROBE_S / 0.020), rows=32)  # prompt chunks beside answers ...
     assert s.steps(threads.PROBE_STEPS, rows=1) == [1] * threads.PROBE_STEPS  # ... a probe
     assert s.governor.threads == 2  # nothing of their size to compare with
     s.steps(int(threads.PROBE_S / 0.020))  # single rows on two threads, then a probe ...
     s.now += threads.RECENT_S + 1  # ... whose own two-thread steps are long past
     s.steps(threads.PROBE_STEPS)
     assert s.governor.threads == 2 and s.governor.changes == 0
+
+
+def test_a_prompts_big_chunks_run_on_every_thread_and_end_a_probe():
+    s = Scripted({2: 0.020, 1: 0.012})  # a busy PC: one thread serves the decode steps
+    s.steps(int(threads.PROBE_S / 0.020) + threads.PROBE_STEPS)
+    assert s.governor.threads == 1
+    big = threads.LARGE_ROWS
+    assert s.steps(5, rows=big) == [1, 2, 2, 2, 2]  # a long prompt: after its first chunk
+    assert s.steps(3) == [2, 1, 1]  # answering again: one thread, after one step
+    assert s.governor.threads == 1 and s.governor.changes == 1
+    quiet = Scripted({2: 0.010, 1: 0.017})
+    quiet.steps(int(threads.PROBE_S / 0.010))  # up to a probe on one thread ...
+    assert quiet.steps(4, rows=big) == [1, 2, 2, 2]  # ... which a prompt's chunk ends
+    assert quiet.steps(3, rows=big - 1) == [2, 1, 1]  # a probe again, of smaller steps
+    assert quiet.governor.changes == 0
 
 
 def test_idle_time_does_not_bring_a_probe():
