@@ -12,6 +12,7 @@ from inference.runtime.jobs import Sampling
 from inference.runtime.schedule import (
     MOST_BESIDE,
     PREFILL_BESIDE,
+    SHORT_REST,
     SLOWER,
     PromptChunks,
     draft,
@@ -65,6 +66,23 @@ def test_decoding_rows_first_then_prompt_chunks_beside_them():
     assert [s.ids for s in plan.segments] == [[7], [8], long.prompt_ids[:PREFILL_BESIDE]]
     assert [s.decoding for s in plan.segments] == [True, True, False]
     assert plan.segments[0].cache is first.cache  # each row runs over its own stream's cache
+
+
+def test_beside_answers_one_short_prompt_a_step_comes_whole():
+    answering = decoding(7)
+    short, other = prefilling(SHORT_REST), prefilling(40)
+    plan = schedule([answering, short, other], ALONE, 1, beside_rows=3)
+    # the first short prompt in one step, the next one in the measured chunk
+    assert [len(s.ids) for s in plan.segments] == [1, SHORT_REST]
+    plan = schedule([answering, other], ALONE, 1, beside_rows=3)
+    assert [len(s.ids) for s in plan.segments] == [1, 40]
+    # a long prompt goes in measured chunks to its end
+    long = prefilling(300, read=300 - SHORT_REST)
+    assert len(schedule([answering, long], ALONE, 1, beside_rows=3).segments[1].ids) == 3
+    # what the prefix cache gave does not count: a new prompt with few rows left comes whole
+    cached = prefilling(300)
+    cached.prefilled = cached.reused = 300 - 20
+    assert len(schedule([answering, cached], ALONE, 1, beside_rows=3).segments[1].ids) == 20
 
 
 def test_alone_a_prompt_gets_the_big_chunk_and_whole_blocks_are_counted():
