@@ -49,6 +49,7 @@ HEALTH_RESERVE = 8
 RESERVE_TIMEOUT_S = 2.0
 HEALTH_PATH = "/health"
 RESERVE_RETRY_AFTER_S = 1
+CLOSE_WAIT_S = 5.0  # at close, how long the request threads may take to finish their answers
 
 
 class ListenError(RuntimeError):
@@ -207,7 +208,13 @@ class DeskchatServer(TcpWSGIServer):
                 self.active_channels[fd].as_reserve()
 
     def close(self):
-        """Stop listening and close every open connection: that ends waitress' loop."""
+        """Let the request threads finish what they are answering, then stop listening and
+        close every open connection: that ends waitress' loop. Closing first removed the
+        trigger a finishing thread wakes the loop with: it logged a 'Bad file descriptor'
+        traceback (seen in CI, in a test that ran after a closed server's)."""
+        dispatcher = getattr(self, "task_dispatcher", None)  # none if unbound
+        if dispatcher is not None:
+            dispatcher.shutdown(timeout=CLOSE_WAIT_S)
         super().close()
         for channel in list(getattr(self, "active_channels", {}).values()):  # none if unbound
             channel.close()

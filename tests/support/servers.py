@@ -47,8 +47,8 @@ class InProcessServer:
         self.url = f"http://127.0.0.1:{self.config.port}"
 
     def close(self):
+        self.worker.stop()  # its jobs end first, so the request threads can finish
         self.server.close()
-        self.worker.stop()
 
 
 class ServerProcess:

@@ -194,3 +194,24 @@ def test_hundreds_of_idle_connections_lock_nobody_out(fake_server):
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_closing_waits_for_the_request_threads(fake_server, caplog):
+    """The server closed while a request thread still answers: the threads finish first
+    (closing first took away the trigger a finishing thread wakes the loop with: CI logged
+    its 'Bad file descriptor' traceback in a later test)."""
+    server = fake_server(FakeEngine(token_s=0.05))
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"message": "hi", "max_tokens": 10}).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.15)  # the answer is being made (10 tokens, 0.5 s)
+        started = time.monotonic()
+        server.server.close()
+        assert server.server.task_dispatcher.threads == set()  # the answering one too
+        assert time.monotonic() - started < 3  # it waited for the answer, no longer
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
