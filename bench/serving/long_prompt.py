@@ -48,9 +48,11 @@ def prompt_of(url: str, tokens: int, nonce: int) -> tuple[list[dict], int]:
     one = count(url, message(1))
     per = count(url, message(2)) - one
     n = max(1, (tokens - one) // per + 1)
-    while n > 1 and count(url, message(n)) > tokens:
+    counted = count(url, message(n))
+    while n > 1 and counted > tokens:
         n -= 1
-    return message(n), count(url, message(n))
+        counted = count(url, message(n))
+    return message(n), counted
 
 
 def run(model_dir: Path, cache_dir: Path, lengths: list[int], quiet_s: float) -> dict:

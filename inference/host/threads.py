@@ -14,8 +14,9 @@ their products keep every thread busy, so they run on every thread, and the step
 does too (a prompt comes in several chunks). A probe ends at such a step. Before, a probe
 that began as a long prompt arrived ran its whole prefill on one thread, and one thread
 chosen from decode steps beside a busy program served a whole prefill too: a 1,300-token
-prompt on the Qwen2.5-1.5B shape waited 29 s instead of 17-19 s (`python -m bench
---versus-server`, 2026-12-03).
+prompt on the Qwen2.5-1.5B shape waited 29.0 s in one round; with this rule 16.6-18.3 s in
+four (`python -m bench --versus-server --model qwen-shape-1.5b --rounds 2`, 2026-12-03, 2-core
+Xeon VM, alone).
 
 The count changes between steps only, and only where the answer cannot change with it
 (THREAD_INVARIANT).

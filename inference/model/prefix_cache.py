@@ -100,8 +100,8 @@ class PrefixCache:
 
     def _found(self, prompt_ids: list[int]) -> tuple[list[tuple[bytes, _Block]], int]:
         """The cached blocks of the longest cached prefix of `prompt_ids`, never its last
-        token (whose forward gives the first answer token's logits), and how many tokens of
-        the last of them it covers (all but where a partial match ends the list)."""
+        token (whose forward gives the first answer token's logits), and its length in
+        tokens (with `partial`, the last block may give only its first few)."""
         found, parent = [], b""
         for key in _chain(prompt_ids, (len(prompt_ids) - 1) // self.block, self.block):
             block = self._blocks.get(key)
@@ -109,20 +109,26 @@ class PrefixCache:
                 break
             found.append((key, block))
             parent = key
-        if not self.partial:
-            return found, self.block
-        rest = prompt_ids[len(found) * self.block : len(prompt_ids) - 1]
+        tokens = len(found) * self.block
+        if self.partial:
+            rest = prompt_ids[tokens : len(prompt_ids) - 1]
+            best, shared = self._longest_child(parent, rest)
+            if shared:
+                found.append(best)
+                tokens += shared
+        return found, tokens
+
+    def _longest_child(self, parent: bytes, tokens: list[int]) -> tuple[tuple | None, int]:
+        """The kept block after `parent` that starts with the most of `tokens`, and how
+        many. A copy of the children: a request thread counting (cached_tokens) may look
+        while the inference thread keeps and drops blocks."""
         best, shared = None, 0
-        for key in list(self._children.get(parent, ())):  # a copy: keep() may add to it
+        for key in list(self._children.get(parent, ())):
             block = self._blocks.get(key)
-            if block is None:
-                continue
-            n = _common(block.tokens, rest)
+            n = _common(block.tokens, tokens) if block is not None else 0
             if n > shared:
                 best, shared = (key, block), n
-        if best is None:
-            return found, self.block
-        return [*found, best], shared
+        return best, shared
 
     def cached_tokens(self, prompt_ids: list[int]) -> int:
         """How many prompt tokens `restore` would take from the cache now: admission's
@@ -130,17 +136,15 @@ class PrefixCache:
         inference thread keeps and drops blocks: single dict lookups (atomic under CPython's
         GIL; a free-threaded build would need a lock), recency untouched. Blocks may go
         before the job starts; it is an estimate."""
-        found, last = self._found(prompt_ids)
-        return (len(found) - 1) * self.block + last if found else 0
+        return self._found(prompt_ids)[1]
 
     def restore(self, prompt_ids: list[int], cache: SequenceCache) -> int:
         """Copy the longest cached prefix of `prompt_ids` into the empty `cache`; returns its
         length in tokens. The last prompt token is always left to compute."""
         size = self.block
-        found, last = self._found(prompt_ids)
+        found, tokens = self._found(prompt_ids)
         for key, _ in reversed(found):  # a prefix is used at least as recently as its ends
             self._blocks.move_to_end(key)
-        tokens = (len(found) - 1) * size + last if found else 0
         if tokens:
             cache.reserve(tokens)
             buffer = cache.buffer()
@@ -171,7 +175,7 @@ class PrefixCache:
         start = len(chain) * size
         parent = chain[-1] if chain else b""
         tail = prompt_ids[start:held]
-        if self.partial and tail and not self._covered(parent, tail):
+        if self.partial and tail and self._longest_child(parent, tail)[1] < len(tail):
             ends.append(_digest(parent, tail))
             self._add(ends[-1], parent, prompt_ids[:held], start, buffer)
         # The chain's first blocks are its most recent: its ends go out before its start.
@@ -196,13 +200,6 @@ class PrefixCache:
         self._blocks[key] = _Block(kv, parent, tokens)
         self._children.setdefault(parent, set()).add(key)
         self.bytes += kv.numel() * kv.element_size()
-
-    def _covered(self, parent: bytes, tokens: list[int]) -> bool:
-        """Whether a kept block after `parent` starts with all of `tokens`."""
-        return any(
-            _common(self._blocks[key].tokens, tokens) == len(tokens)
-            for key in self._children.get(parent, ())
-        )
 
     def as_dict(self) -> dict:
         """For /health: the budget, what is held, and the prompt tokens taken from it or

@@ -885,9 +885,9 @@ static void weigh_values(const float *p, const uint16_t *values, int n, int d, f
 }
 
 /* One (row, key head): for each query head h of its group, softmax(q_h . k_j * scaling)
- * over j <= the row's position, times v. The group's heads share each read of a key and a
- * value. Keys go in blocks of 8, the last one padded with zero lanes: a row's bits depend on
- * its position alone. */
+ * over j <= the row's position, times v, a head at a time (each head reads the group's keys
+ * and values again, from cache: its sums then stay in registers). Keys go in blocks of 8,
+ * the last one padded with zero lanes: a row's bits depend on its position alone. */
 static void attend(void *ctx, int begin, int end, int thread) {
     Step *s = ctx;
     const Model *m = s->m;

@@ -145,15 +145,14 @@ class Engine:
             self.block = self.alone_rows = PREFILL_BLOCK
         else:
             self.block = self.alone_rows = PREFILL_CHUNK
-        # Prompt rows beside answering streams, sized from measured steps; any number on the
-        # native step (a row depends on its position alone), whole blocks elsewhere.
-        self.chunks = PromptChunks(1 if self.decoder.native else self.block)
+        # The native step's rows depend on their position alone: prompt chunks beside
+        # answering streams (sized from measured steps) may have any number of rows there,
+        # and a cached prefix may end inside a block; elsewhere whole blocks.
+        native = self.decoder.native is not None
+        self.chunks = PromptChunks(1 if native else self.block)
         self.prefixes = None
         if prefix_cache_bytes > 0:
-            # The native step's rows depend on their position alone: a prefix may end
-            # inside a block there, and the prompt's rest be computed in any chunks.
-            partial = self.decoder.native is not None
-            self.prefixes = PrefixCache(prefix_cache_bytes, self.block, partial=partial)
+            self.prefixes = PrefixCache(prefix_cache_bytes, self.block, partial=native)
         # What runs a step: the native library's build (inference/native) or torch's ops.
         self.decode_step = f"native {self.decoder.native}" if self.decoder.native else "torch"
         # Equal digests, equal answers on any PC: where the native step serves (the torch
@@ -223,8 +222,7 @@ class Engine:
         ones), run them, accept each stream's tokens from its rows. What one stream's own
         choices raise (its draft, sampling, grammar, text) ends that stream alone
         (`Stream.error`); the forward is everyone's."""
-        beside = self.chunks.beside()
-        plan = schedule(streams, self.alone_rows, self.block, beside)  # which rows run
+        plan = schedule(streams, self.alone_rows, self.block, self.chunks.beside())  # which rows
         if not plan.segments:
             return
         started = time.perf_counter()

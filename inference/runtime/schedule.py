@@ -122,8 +122,9 @@ def schedule(streams: list, alone_rows: int, block: int, beside_rows: int = PREF
     `alone_rows` rows, or `beside_rows` while some stream is decoding (PromptChunks measures
     it); each chunk counts whole `block`s. Beside decoding streams the first new prompt with
     at most SHORT_REST rows to compute comes whole: a short question waits one step, not
-    many (the measured chunk is about 7 rows on the 1.5B shape beside one answer, so three
-    users' 45-token questions arriving together took some 19 steps; four users at once got
+    many (estimated: the measured chunk would be about 7 rows on the 1.5B shape beside one
+    answer, so three users' 45-token questions arriving together take some 19 steps; measured:
+    four users at once got
     19.0-20.5 tok/s in all without this rule, 21.6-21.9 with it, in `--versus-server` runs of
     the same hour). A long prompt's chunks keep to the measured size to its end. A stream
     whose draft raises (its grammar's) ends alone, unscheduled."""
