@@ -34,6 +34,7 @@
 #define ROWS 4  /* activation rows per weight load */
 #define GROUP 32 /* 4-bit weights: elements per sub-scale; a row's group sums (xsum) too */
 #define K4_MAX 32768 /* 4-bit weights: the longest k whose 32-bit lanes cannot overflow */
+#define K8_MAX 65536 /* int8 weights: the longest k whose sums cannot overflow (dot_rows) */
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
@@ -105,6 +106,7 @@ typedef struct {
     int8_t *xq; /* [rows, max k]: a pass's input rows as int8 */
     float *xs; /* [rows]: their scales */
     int16_t *xsum; /* [rows, max k / GROUP]: their group sums, for 4-bit weights */
+    int32_t *xtotal; /* [rows]: their sums, for the offset trick (dot_rows) */
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
     float *gu; /* [rows, 2 inter] */
@@ -175,7 +177,7 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
                     int vocab, int context, float eps, float scaling, const float *cos,
                     const float *sin, const float *final_norm) {
     if (hidden % 32 || (heads * head_dim) % 32 || inter % 32 || head_dim % 8 || !kv_heads ||
-        heads % kv_heads)
+        heads % kv_heads || hidden > K8_MAX || heads * head_dim > K8_MAX || inter > K8_MAX)
         return NULL;
     Model *m = calloc(1, sizeof(Model));
     if (!m) return NULL;
@@ -193,12 +195,14 @@ static void scratch_free_rows(Scratch *b) {
     free(b->xq);
     free(b->xs);
     free(b->xsum);
+    free(b->xtotal);
     free(b->qkv);
     free(b->attn);
     free(b->gu);
     free(b->last);
     b->xq = NULL;
     b->xsum = NULL;
+    b->xtotal = NULL;
     b->xs = b->qkv = b->attn = b->gu = b->last = NULL;
     b->rows = 0;
 }
@@ -516,6 +520,36 @@ static inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+/* out[r] = (w + 128) . x_r for `nr` rows of x (stride k), k a multiple of 32; the caller
+ * takes 128 sum x_r away (products), which leaves w . x_r exactly.
+ *
+ * The offset trick: vpdpbusd multiplies an UNSIGNED byte by a signed one, and w is signed;
+ * w + 128 (w with its top bit flipped) is unsigned, 1..255 since the quantizers never give
+ * -128. One xor a weight load serves every row, and each row costs its load and one
+ * vpdpbusd: the sign trick below costs a psignb more per row and per load. A lane's sum of
+ * four products is at most 4 x 255 x 127 = 129,540 and a row's whole sum k x 32,385, so for
+ * k <= K8_MAX every 32-bit sum is exact: the same integers as the other builds. */
+static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
+                                                           int nr, int k, int32_t *out) {
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    __m256i acc[CHAINS][ROWS];
+    for (int h = 0; h < CHAINS; h++)
+        for (int r = 0; r < nr; r++) acc[h][r] = _mm256_setzero_si256();
+    for (int i = 0; i < k; i += 32 * CHAINS)
+        for (int h = 0; h < CHAINS && i + 32 * h < k; h++) {
+            const int8_t *wi = w + i + 32 * h, *xi = x + i + 32 * h;
+            __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wi), top);
+            for (int r = 0; r < nr; r++)
+                acc[h][r] = dot4(acc[h][r], u,
+                                 _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * k)));
+        }
+    for (int h = 1; h < CHAINS; h++)
+        for (int r = 0; r < nr; r++) acc[0][r] = _mm256_add_epi32(acc[0][r], acc[h][r]);
+    for (int r = 0; r < nr; r++) out[r] = hsum(acc[0][r]);
+}
+#define OFFSET_TRICK 128 /* what dot_rows' sums carry per unit of sum x (products) */
+#else
 /* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32.
  *
  * The sign trick: the 8-bit multiply-adds, pmaddubsw (_mm256_maddubs_epi16) and VNNI's
@@ -545,6 +579,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
         for (int r = 0; r < nr; r++) acc[0][r] = _mm256_add_epi32(acc[0][r], acc[h][r]);
     for (int r = 0; r < nr; r++) out[r] = hsum(acc[0][r]);
 }
+#endif
 #elif defined(__SSSE3__)
 static inline int32_t hsum(__m128i s) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -698,6 +733,7 @@ typedef struct {
     const int8_t *x; /* [rows, k] */
     const float *xs; /* [rows] */
     const int16_t *xsum; /* [rows, k / GROUP]: the rows' group sums (quantize_row) */
+    const int32_t *xtotal; /* [rows]: each row's sum, with the offset trick (dot_rows) */
     int rows;
     float *y; /* [rows, ystride] */
     int ystride;
@@ -737,32 +773,55 @@ static inline __attribute__((always_inline)) void products(const Gemm *g, int n,
     }
     int32_t acc[ROWS];
     dot_rows(l->q + (size_t)n * k, g->x + (size_t)r * k, nr, k, acc);
+#ifdef OFFSET_TRICK
+    for (int j = 0; j < nr; j++) acc[j] -= OFFSET_TRICK * g->xtotal[r + j];
+#endif
     for (int j = 0; j < nr; j++) out[j] = (float)acc[j] * l->scale[n];
+}
+
+/* A block of nr (1 .. ROWS) rows with channels n0 .. n1 - 1: one weight load serves all
+ * of them. The cases make nr a constant in each inlined copy of the kernels, so their
+ * accumulators stay in registers. */
+static inline void tile_rows(const Gemm *g, int n0, int n1, int r, int nr) {
+    float acc[ROWS];
+    for (int n = n0; n < n1; n++) {
+        switch (nr) {
+        case 1: products(g, n, r, 1, acc); break;
+        case 2: products(g, n, r, 2, acc); break;
+        case 3: products(g, n, r, 3, acc); break;
+        default: products(g, n, r, ROWS, acc);
+        }
+        for (int j = 0; j < nr; j++) emit(g, r + j, n, acc[j]);
+    }
 }
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
     const Gemm *g = ctx;
     const Linear *l = g->lin;
-    float acc[ROWS];
     for (int t = begin; t < end; t++) {
         int n0 = t * TILE, n1 = n0 + TILE < l->n ? n0 + TILE : l->n;
-        int r = 0;
-        for (; r + ROWS <= g->rows; r += ROWS)
-            for (int n = n0; n < n1; n++) {
-                products(g, n, r, ROWS, acc);
-                for (int j = 0; j < ROWS; j++) emit(g, r + j, n, acc[j]);
-            }
-        for (; r < g->rows; r++)
-            for (int n = n0; n < n1; n++) {
-                products(g, n, r, 1, acc);
-                emit(g, r, n, acc[0]);
-            }
+        for (int r = 0; r < g->rows; r += ROWS)
+            tile_rows(g, n0, n1, r, g->rows - r < ROWS ? g->rows - r : ROWS);
     }
 }
 
+/* `total` has room for a sum per row: the offset trick's (dot_rows), unused elsewhere. */
 static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
-                 const int16_t *xsum, int rows, float *y, int ystride, int add) {
-    Gemm g = {l, x, xs, xsum, rows, y, ystride, add};
+                 const int16_t *xsum, int32_t *total, int rows, float *y, int ystride, int add) {
+    Gemm g = {l, x, xs, xsum, NULL, rows, y, ystride, add};
+#ifdef OFFSET_TRICK
+    if (!l->q4) { /* each row's sum, from its group sums: what the trick takes away */
+        int groups = l->k / GROUP;
+        for (int r = 0; r < rows; r++) {
+            int32_t sum = 0;
+            for (int j = 0; j < groups; j++) sum += xsum[(size_t)r * groups + j];
+            total[r] = sum;
+        }
+        g.xtotal = total;
+    }
+#else
+    (void)total;
+#endif
     run(threads, gemm_tiles, &g, (l->n + TILE - 1) / TILE);
 }
 
@@ -779,6 +838,7 @@ typedef struct {
     int8_t *xq; /* [rows, max k]; this and the six below are the model's Scratch */
     float *xs;
     int16_t *xsum; /* [rows, max k / GROUP] */
+    int32_t *xtotal; /* [rows]: each row's sum (gemm) */
     float *qkv; /* [rows, qkv width] */
     float *attn; /* [rows, heads * head_dim] */
     float *gu; /* [rows, 2 inter] */
@@ -973,11 +1033,12 @@ static int scratch_fit(Model *m, int rows, size_t scores) {
         b->xq = aligned(n * k_max);
         b->xs = aligned(sizeof(float) * n);
         b->xsum = aligned(sizeof(int16_t) * n * (k_max / GROUP));
+        b->xtotal = aligned(sizeof(int32_t) * n);
         b->qkv = aligned(sizeof(float) * n * width);
         b->attn = aligned(sizeof(float) * n * attn);
         b->gu = aligned(sizeof(float) * n * 2 * m->inter);
         b->last = aligned(sizeof(float) * n * m->hidden);
-        if (!b->xq || !b->xs || !b->xsum || !b->qkv || !b->attn || !b->gu || !b->last) {
+        if (!b->xq || !b->xs || !b->xsum || !b->xtotal || !b->qkv || !b->attn || !b->gu || !b->last) {
             scratch_free_rows(b);
             return -1;
         }
@@ -1015,23 +1076,23 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
     const Scratch *b = &m->scratch;
     Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
-              .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
+              .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .xtotal = b->xtotal, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
               .scores = b->scores, .stride = stride};
     for (int i = 0; i < m->layers; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
         s.norm = l->input_norm;
         run(threads, norm_rows, &s, rows);                                   /* pass 1 */
-        gemm(threads, &l->qkv, s.xq, s.xs, s.xsum, rows, s.qkv, width, 0);           /* 2 */
+        gemm(threads, &l->qkv, s.xq, s.xs, s.xsum, s.xtotal, rows, s.qkv, width, 0);           /* 2 */
         run(threads, rope_and_store, &s, rows);                              /* 3 */
         run(threads, attend, &s, rows * m->kv_heads);                        /* 4 */
         run(threads, quantize_attn, &s, rows);                               /* 5 */
-        gemm(threads, &l->o, s.xq, s.xs, s.xsum, rows, hidden, m->hidden, 1);        /* 6 */
+        gemm(threads, &l->o, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);        /* 6 */
         s.norm = l->post_norm;
         run(threads, norm_rows, &s, rows);                                   /* 7 */
-        gemm(threads, &l->gate_up, s.xq, s.xs, s.xsum, rows, s.gu, 2 * m->inter, 0); /* 8 */
+        gemm(threads, &l->gate_up, s.xq, s.xs, s.xsum, s.xtotal, rows, s.gu, 2 * m->inter, 0); /* 8 */
         run(threads, silu_mul, &s, rows);                                    /* 9 */
-        gemm(threads, &l->down, s.xq, s.xs, s.xsum, rows, hidden, m->hidden, 1);     /* 10 */
+        gemm(threads, &l->down, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);     /* 10 */
     }
     for (int j = 0; j < n_out; j++)
         memcpy(b->last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
@@ -1040,7 +1101,7 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     f.hidden = b->last;
     f.norm = m->final_norm;
     run(threads, norm_rows, &f, n_out);
-    gemm(threads, &m->head, f.xq, f.xs, f.xsum, n_out, logits, m->vocab, 0);
+    gemm(threads, &m->head, f.xq, f.xs, f.xsum, f.xtotal, n_out, logits, m->vocab, 0);
     return 0;
 }
 
@@ -1054,23 +1115,26 @@ static int linear_alone(const Linear *l, int rows, const float *x, float *y, int
     int8_t *xq = aligned(r1 * k);
     float *xs = malloc(sizeof(float) * r1);
     int16_t *xsum = malloc(sizeof(int16_t) * r1 * (k / GROUP));
-    if (xq && xs && xsum) {
+    int32_t *total = malloc(sizeof(int32_t) * r1);
+    int ok = xq && xs && xsum && total;
+    if (ok) {
         for (int r = 0; r < rows; r++)
             quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r,
                          xsum + (size_t)r * (k / GROUP));
-        gemm(threads, l, xq, xs, xsum, rows, y, l->n, 0);
+        gemm(threads, l, xq, xs, xsum, total, rows, y, l->n, 0);
     }
     free(xq);
     free(xs);
     free(xsum);
-    return xq && xs && xsum ? 0 : -1;
+    free(total);
+    return ok ? 0 : -1;
 }
 
 /* One Linear alone, for the paths that run a projection by itself (quality measures, a
  * model the whole step does not fit): y [rows, n] = x [rows, k] through l. */
 int dc_linear(const int8_t *q, const float *scale, const float *bias, int n, int k, int rows,
               const float *x, float *y, int threads) {
-    if (k % 32) return -1;
+    if (k % 32 || k > K8_MAX) return -1;
     Linear l = linear(q, scale, bias, n, k);
     return linear_alone(&l, rows, x, y, threads);
 }

@@ -112,7 +112,7 @@ WEIGHTS = {"int8-row": Int8Weights, "int4-row": Int4Weights}
 
 
 @pytest.mark.parametrize("kind", ROW_KINDS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 9])  # blocks of 4 rows, what is left
 def test_linear_is_the_exact_integer_product(any_library, rows, kind):
     library, weights = any_library, WEIGHTS[kind]
     gen = torch.Generator().manual_seed(rows)
@@ -130,6 +130,17 @@ def test_the_int8_products_extremes_sum_exactly(any_library):
     full = torch.full((8, 96), 127, dtype=torch.int8)
     top = any_library.linear(full, torch.ones(8), None, torch.full((1, 96), -5.0))
     assert torch.equal(top, torch.full((1, 8), -127.0 * 127 * 96 * (5 / 127)))
+
+
+@pytest.mark.parametrize("w, x", [(127, 127), (127, -127), (-127, 127), (-127, -127)])
+def test_the_int8_products_sum_exactly_at_the_longest_k(any_library, w, x):
+    """At step.c's K8_MAX (65,536) the VNNI builds' offset trick sums (w + 128) x, up to
+    65,536 x 255 x 127 (just under 2^31), before it takes 128 sum x away: exact, as the
+    other builds' sums."""
+    k = 65536
+    full = torch.full((4, k), w, dtype=torch.int8)
+    got = any_library.linear(full, torch.ones(4), None, torch.full((3, k), float(x)))
+    assert torch.equal(got, torch.full((3, 4), float(w * x * k)))
 
 
 @pytest.mark.parametrize("x, t", [(127.0, -127), (-127.0, 127), (127.0, 0)])
