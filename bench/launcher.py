@@ -51,18 +51,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _prioritize(nice: int | None):
-    """preexec_fn: the server's nice and, where the kernel groups by session (autogroup),
-    its session's nice, so it competes with the noise as a separate program would."""
-    if nice is None:
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _autogroup_nice() -> int | None:
+    """This session's autogroup nice ("/autogroup-N nice K"), None without autogroup."""
+    try:
+        return int(AUTOGROUP.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
         return None
 
-    def apply() -> None:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        with contextlib.suppress(OSError):  # no autogroup here: the thread nice alone
-            Path("/proc/self/autogroup").write_text(f"{nice}\n")
 
-    return apply
+def _set_priority(nice: int) -> None:
+    """The calling thread's nice and, where the kernel groups by session (autogroup), its
+    session's."""
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    with contextlib.suppress(OSError):  # no autogroup here: the thread nice alone
+        AUTOGROUP.write_text(f"{nice}\n")
+
+
+def _prioritize(nice: int | None):
+    """preexec_fn: the server's nice and its session's, so it competes with the noise as a
+    separate program would."""
+    if nice is None:
+        return None
+    return lambda: _set_priority(nice)
+
+
+@contextlib.contextmanager
+def client_priority(nice: int | None):
+    """The measuring client (this thread and its session) at a raised setting's priority
+    while it measures (the dedicated profile's rows): at nice 0 beside the noise it would
+    measure its own waits for a CPU as the server's gaps. A lowered one (shared-desk) leaves
+    the client as it is, a program of the owner's. Put back afterwards."""
+    if nice is None or nice >= 0:
+        yield
+        return
+    thread_nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
+    _set_priority(nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, thread_nice)
+        if group_nice is not None:
+            with contextlib.suppress(OSError):
+                AUTOGROUP.write_text(f"{group_nice}\n")
 
 
 class Process:

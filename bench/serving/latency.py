@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.launcher import Server, Setting
+from bench.launcher import Server, Setting, client_priority
 from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
@@ -177,7 +177,8 @@ def run(args, log=print) -> dict:
                 for _ in range(WARMUP_REQUESTS):
                     stream_once(url, args.max_tokens)
                 for condition in args.conditions:
-                    cell = run_cell(url, condition, args, file, log)
+                    with client_priority(chosen.nice):
+                        cell = run_cell(url, condition, args, file, log)
                     report["cells"].setdefault(label, {})[condition] = cell
                     log(f"  {condition:7s} {cell_text(cell)}  load {cell['loadavg_1m']}")
             finally:

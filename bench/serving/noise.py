@@ -113,8 +113,10 @@ def pressure(deadline: float, cap_bytes: int | None, file: Path, say=print) -> N
     held.clear()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the bench goes away, whatever happens to it."""
+def _child_setup() -> None:
+    """In the child before exec: nice 0 whatever the bench's own (a client measuring at
+    nice -10 must not hand that to the noise), and SIGKILL when the bench goes away."""
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
@@ -165,7 +167,7 @@ class Noise:
                     stdout=subprocess.PIPE,
                     text=True,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_child_setup,
                 )
             )
         if self.condition == "memory":  # wait until the memory is taken

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from bench import stats
+from bench import launcher, stats
 from bench.serving import latency, noise
 from tests.support.fakes import FakeEngine
 
@@ -107,6 +108,35 @@ def test_cpu_noise_is_one_process_per_cpu_and_stops_by_pid() -> None:
             os.kill(pid, 0)
     with noise.Noise("quiet", seconds=30) as nothing:
         assert nothing.procs == []
+
+
+def _in_thread(fn):
+    """fn() in a thread of its own: a thread's nice is its own, the suite's stays as it is."""
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(value=fn()))
+    thread.start()
+    thread.join()
+    return out["value"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root")
+def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None:
+    """The dedicated profile's client runs at the server's raised priority, the noise it
+    starts meanwhile at nice 0 all the same, and the client's nice is put back after."""
+
+    def measure_like_the_bench():
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        with launcher.client_priority(-10):
+            during = os.getpriority(os.PRIO_PROCESS, 0)
+            with noise.Noise("cpu", seconds=30, cpus=1) as running:
+                noise_nice = os.getpriority(os.PRIO_PROCESS, running.procs[0].pid)
+        with launcher.client_priority(10):  # shared-desk: the client stays as it is
+            lowered = os.getpriority(os.PRIO_PROCESS, 0)
+        return before, during, noise_nice, lowered, os.getpriority(os.PRIO_PROCESS, 0)
+
+    before, during, noise_nice, lowered, after = _in_thread(measure_like_the_bench)
+    assert (during, noise_nice) == (-10, 0)
+    assert lowered == after == before
 
 
 def test_memory_noise_takes_what_it_may_and_reads_the_file(tmp_path: Path) -> None:
