@@ -46,7 +46,10 @@ NEW_WEIGHT = 0.25  # of a new measurement in PromptChunks' running estimates
 LONGEST = 4  # n-gram sizes looked up, longest first: a longer match is a better guess
 SHORTEST = 2  # one token (", the") matches everywhere in open chat and guesses badly
 MOST = 8  # tokens drafted at once at most: past this a miss wastes more than a hit saves
-FIRST = 4  # a stream's first draft length, before it has shown how well it copies
+# A stream's first draft length, before it has shown how well it copies: one token, so a
+# first guess that misses (most of open chat's) makes a step of 2 rows, not 5, which was the
+# quiet stream's slowest gap (issue 39); a stream that copies doubles it each step (1, 2, 4, 8).
+FIRST = 1
 MAX_PAUSE = 16  # steps without drafting after misses, at most (doubles with each miss)
 
 

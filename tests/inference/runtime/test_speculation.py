@@ -25,6 +25,7 @@ from tests.support.schemas import TICKET
 def test_a_draft_is_what_followed_the_longest_recent_match():
     lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 7, 8])
     lookup.extend([0, 2, 3])  # the answer so far ends with 2, 3: last seen before 7, 8
+    lookup.limit = 4  # a stream that has copied well (how the length moves: below)
     assert lookup.draft(8) == [7, 8, 0, 2, 3][: lookup.limit]
     lookup.extend([4])  # ends with 2, 3, 4 now: only the prompt's start has it
     assert lookup.draft(8) == [5, 9, 2, 3][: lookup.limit]
@@ -40,9 +41,10 @@ def test_nothing_is_drafted_without_a_match_of_two_tokens():
 
 def test_the_draft_length_follows_what_the_stream_accepts():
     lookup = PromptLookup(list(range(40)) * 2)
-    assert lookup.limit == speculation.FIRST
-    lookup.verified(4, 4)
-    assert lookup.limit == 8
+    assert lookup.limit == speculation.FIRST == 1  # a first miss costs one row, not four
+    for taken, then in ((1, 2), (2, 4), (4, 8)):
+        lookup.verified(taken, taken)
+        assert lookup.limit == then  # twice as many after a draft taken whole
     lookup.verified(8, 8)
     assert lookup.limit == speculation.MOST  # never past it
     lookup.verified(8, 2)
