@@ -105,6 +105,7 @@ def test_finished_streams_and_an_empty_batch_schedule_nothing():
 def test_a_draft_runs_after_the_token_within_the_budget():
     stream = decoding(3, prompt=[1, 2, 3, 4, 5, 6, 1, 2], speculate=True, budget=3)
     stream.lookup.extend([3])  # the answer so far ends with 2, 3: 4, 5, 6 followed it
+    stream.lookup.limit = 4  # a stream that has copied well (its first draft is 1 token)
     assert draft(stream) == [4, 5]  # the room left: a budget of 3, one token made
     plan = schedule([stream], ALONE, BLOCK)
     assert plan.segments[0].ids == [3, 4, 5] and plan.segments[0].decoding
