@@ -520,45 +520,34 @@ static inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
-/* out[r] = (w + 128) . x_r for `nr` rows of x (stride k), k a multiple of 32; the caller
- * takes 128 sum x_r away (products), which leaves w . x_r exactly.
+/* The two 8-bit operands of dot4 for weights wv and a row's xv, whose lanes multiply to
+ * w x, or to (w + 128) x on the VNNI builds; their dot_rows sums are exact either way.
  *
- * The offset trick: vpdpbusd multiplies an UNSIGNED byte by a signed one, and w is signed;
- * w + 128 (w with its top bit flipped) is unsigned, 1..255 since the quantizers never give
- * -128. One xor a weight load serves every row, and each row costs its load and one
- * vpdpbusd: the sign trick below costs a psignb more per row and per load. A lane's sum of
+ * The VNNI builds' offset trick: vpdpbusd multiplies an UNSIGNED byte by a signed one, and w
+ * is signed; w + 128 (w with its top bit flipped) is unsigned, 1..255 since the quantizers
+ * never give -128, and x goes in as it is: one xor a weight load serves every row, and the
+ * caller takes 128 sum x_r away (products), which leaves w . x_r exactly. A lane's sum of
  * four products is at most 4 x 255 x 127 = 129,540 and a row's whole sum k x 32,385, so for
- * k <= K8_MAX every 32-bit sum is exact: the same integers as the other builds. */
-static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
-                                                           int nr, int k, int32_t *out) {
-    const __m256i top = _mm256_set1_epi8((char)0x80);
-    __m256i acc[CHAINS][ROWS];
-    for (int h = 0; h < CHAINS; h++)
-        for (int r = 0; r < nr; r++) acc[h][r] = _mm256_setzero_si256();
-    for (int i = 0; i < k; i += 32 * CHAINS)
-        for (int h = 0; h < CHAINS && i + 32 * h < k; h++) {
-            const int8_t *wi = w + i + 32 * h, *xi = x + i + 32 * h;
-            __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wi), top);
-            for (int r = 0; r < nr; r++)
-                acc[h][r] = dot4(acc[h][r], u,
-                                 _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * k)));
-        }
-    for (int h = 1; h < CHAINS; h++)
-        for (int r = 0; r < nr; r++) acc[0][r] = _mm256_add_epi32(acc[0][r], acc[h][r]);
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[0][r]);
-}
-#define OFFSET_TRICK 128 /* what dot_rows' sums carry per unit of sum x (products) */
-#else
-/* out[r] = w . x_r for `nr` rows of x (stride k), k a multiple of 32.
+ * k <= K8_MAX every 32-bit sum is exact: the same integers as the other builds.
  *
- * The sign trick: the 8-bit multiply-adds, pmaddubsw (_mm256_maddubs_epi16) and VNNI's
- * vpdpbusd, take an UNSIGNED byte times a signed byte, and both w and x are signed. So the
- * unsigned side is |w| (psignb of w by itself) and w's sign moves onto x (psignb of x by w:
- * negated where w < 0, zero where w == 0); |w| * (x * sign w) = w * x. Both are in
- * [-127, 127] (the quantizers never give -128, which psignb could not negate), so a pair sum
- * is at most 2 x 127 x 127 = 32,258 and never saturates pmaddubsw's 16 bits: every product
- * is exact, with all 8 bits of the row, and dot4 adds them into exact 32-bit sums. */
+ * Elsewhere the sign trick (pmaddubsw also takes unsigned x signed, and would saturate
+ * 255 x 127 x 2): the unsigned side is |w| (psignb of w by itself) and w's sign moves onto x
+ * (psignb of x by w: negated where w < 0, zero where w == 0); |w| * (x * sign w) = w * x.
+ * Both are in [-127, 127], so a pair sum is at most 2 x 127 x 127 = 32,258 and never
+ * saturates pmaddubsw's 16 bits: every product is exact, with all 8 bits of the row. */
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#define OFFSET_TRICK 128 /* what dot_rows' sums carry per unit of sum x (products) */
+static inline __m256i unsigned_side(__m256i wv) {
+    return _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80));
+}
+static inline __m256i signed_side(__m256i xv, __m256i wv) { (void)wv; return xv; }
+#else
+static inline __m256i unsigned_side(__m256i wv) { return _mm256_sign_epi8(wv, wv); }
+static inline __m256i signed_side(__m256i xv, __m256i wv) { return _mm256_sign_epi8(xv, wv); }
+#endif
+
+/* out[r] = w . x_r (plus 128 sum x_r with OFFSET_TRICK) for `nr` rows of x (stride k), k a
+ * multiple of 32. */
 static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, const int8_t *x,
                                                            int nr, int k, int32_t *out) {
     __m256i acc[CHAINS][ROWS];
@@ -567,19 +556,16 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *w, cons
     for (int i = 0; i < k; i += 32 * CHAINS)
         for (int h = 0; h < CHAINS && i + 32 * h < k; h++) {
             const int8_t *wi = w + i + 32 * h, *xi = x + i + 32 * h;
-            __m256i wv = _mm256_loadu_si256((const __m256i *)wi);
-            __m256i aw = _mm256_sign_epi8(wv, wv); /* |w|: the unsigned operand */
+            __m256i wv = _mm256_loadu_si256((const __m256i *)wi), u = unsigned_side(wv);
             for (int r = 0; r < nr; r++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * k));
-                /* |w| x (x with w's sign) = w x, pair sums <= 32,258: no saturation */
-                acc[h][r] = dot4(acc[h][r], aw, _mm256_sign_epi8(xv, wv));
+                acc[h][r] = dot4(acc[h][r], u, signed_side(xv, wv));
             }
         }
     for (int h = 1; h < CHAINS; h++)
         for (int r = 0; r < nr; r++) acc[0][r] = _mm256_add_epi32(acc[0][r], acc[h][r]);
     for (int r = 0; r < nr; r++) out[r] = hsum(acc[0][r]);
 }
-#endif
 #elif defined(__SSSE3__)
 static inline int32_t hsum(__m128i s) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
