@@ -66,10 +66,15 @@ class Notifier:
         self.send(f"STATUS={text}")
 
 
+def watchdog_period() -> float:
+    """systemd's WatchdogSec in seconds (0: no watchdog)."""
+    return int(os.environ.get("WATCHDOG_USEC", "0") or 0) / 1e6
+
+
 def _watchdog(notifier: Notifier, worker: Worker, stop: threading.Event) -> None:
     """Ping systemd at half its WatchdogSec while the inference thread lives and shows a
     sign of progress (a token, or an idle tick) within the last WatchdogSec."""
-    period = int(os.environ.get("WATCHDOG_USEC", "0") or 0) / 1e6
+    period = watchdog_period()
     if period <= 0:
         return
     while not stop.wait(period / 2):
@@ -181,6 +186,8 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         config.batch_memory_mb * 1024 * 1024,
         pace=governor.tick if governor is not None else None,
     )
+    if watchdog_period() > 0:  # an idle worker beats within the period, or pings are skipped
+        worker.idle_tick = min(worker.idle_tick, watchdog_period() / 4)
     prompts = grammars = None
 
     def build_grammars(tokenizer, vocab_size: int) -> None:

@@ -26,7 +26,7 @@ from service.errors import Cancelled, Internal, Overloaded, ServiceError, Timeou
 
 log = logging.getLogger("deskchat.worker")
 
-IDLE_TICK_S = 1.0  # an idle thread still beats this often, for the watchdog
+IDLE_TICK_S = 1.0  # an idle thread still beats at least this often, for the watchdog
 
 
 class Worker:
@@ -55,6 +55,7 @@ class Worker:
         self._stopping = threading.Event()
         self._batch = Batch(self._lock)  # the running jobs
         self.heartbeat = time.monotonic()  # last sign of progress: a step, or an idle tick
+        self.idle_tick = IDLE_TICK_S  # the watchdog shortens it below its own period
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -204,7 +205,7 @@ class Worker:
         with self._lock:
             self._prune()
             if not self._waiting and not self._stopping.is_set():
-                self._lock.wait(IDLE_TICK_S)
+                self._lock.wait(self.idle_tick)
 
     def _end_waiting(self, why: str) -> None:
         with self._lock:
