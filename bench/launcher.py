@@ -70,7 +70,7 @@ def _set_priority(nice: int) -> None:
         AUTOGROUP.write_text(f"{nice}\n")
 
 
-def _prioritize(nice: int | None):
+def prioritize(nice: int | None):
     """preexec_fn: the server's nice and its session's, so it competes with the noise as a
     separate program would."""
     if nice is None:
@@ -117,7 +117,7 @@ class Process:
             stderr=subprocess.STDOUT,
             env={**os.environ, **chosen.env},
             start_new_session=True,
-            preexec_fn=_prioritize(chosen.nice),
+            preexec_fn=prioritize(chosen.nice),
         )
 
     def wait_ready(self, timeout: float = 600) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bench.launcher import Server, Setting, client_priority
 from bench.models import MODEL_HELP, resolve_model
+from bench.serving import floor
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
 from bench.stats import QUANTILES, summary
@@ -34,6 +35,7 @@ WARMUP_REQUESTS = 1
 # more. The gaps at or over it are the gaps between steps.
 BURST_MS = 1.0
 SETTLE_S = 1.0  # noise running before the first measured request
+FLOOR_S = 10.0  # the machine's floor (bench/serving/floor.py), after each quiet cell
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.
 ASK = [
@@ -179,6 +181,8 @@ def run(args, log=print) -> dict:
                 for condition in args.conditions:
                     with client_priority(chosen.nice):
                         cell = run_cell(url, condition, args, file, log)
+                        if condition == "quiet":  # the server idle: the machine's own spread
+                            cell["floor"] = floor.beside(chosen, cell["gap_ms"]["p50"], FLOOR_S)
                     report["cells"].setdefault(label, {})[condition] = cell
                     log(f"  {condition:7s} {cell_text(cell)}  load {cell['loadavg_1m']}")
             finally:
@@ -208,8 +212,18 @@ def cell_text(cell: dict) -> str:
     gap, ttft = cell["gap_ms"], cell["ttft_ms"]
     return (
         f"gap {gap['p50']:g}/{gap['p99']:g} ms (x{gap['jitter']:g}), "
-        f"TTFT {ttft['p50']:g}/{ttft['p99']:g} ms"
+        f"TTFT {ttft['p50']:g}/{ttft['p99']:g} ms{_floor_text(cell)}"
     )
+
+
+def _floor_text(cell: dict) -> str:
+    """', floor x1.3': the p99/p50 of the machine's fixed loop beside a quiet cell."""
+    if "floor" not in cell:
+        return ""
+    measured = cell["floor"]
+    if "error" in measured:
+        return f", floor: {measured['error']}"
+    return f", floor x{measured['sample_ms']['jitter']:g}"
 
 
 def format_report(report: dict) -> str:
@@ -217,7 +231,8 @@ def format_report(report: dict) -> str:
     cells = report["cells"]
     conditions = [c for c in CONDITIONS if any(c in row for row in cells.values())]
     lines = [
-        "inter-token gap p50/p99 ms (p99/p50) · TTFT p50/p99 ms",
+        "inter-token gap p50/p99 ms (p99/p50) · TTFT p50/p99 ms; quiet: the machine's floor "
+        "(p99/p50 of a fixed loop, bench/serving/floor.py)",
         "",
         "| setting | " + " | ".join(conditions) + " |",
         "|---|" + "---|" * len(conditions),
@@ -226,7 +241,7 @@ def format_report(report: dict) -> str:
         texts = [
             f"{row[c]['gap_ms']['p50']:g}/{row[c]['gap_ms']['p99']:g} "
             f"(x{row[c]['gap_ms']['jitter']:g}) · "
-            f"{row[c]['ttft_ms']['p50']:g}/{row[c]['ttft_ms']['p99']:g}"
+            f"{row[c]['ttft_ms']['p50']:g}/{row[c]['ttft_ms']['p99']:g}{_floor_text(row[c])}"
             if c in row
             else "-"
             for c in conditions

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import launcher, stats
-from bench.serving import latency, noise
+from bench.serving import floor, latency, noise
 from tests.support.fakes import FakeEngine
 
 
@@ -137,6 +137,23 @@ def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None
     before, during, noise_nice, lowered, after = _in_thread(measure_like_the_bench)
     assert (during, noise_nice) == (-10, 0)
     assert lowered == after == before
+
+
+@pytest.mark.slow
+def test_the_floor_runs_the_native_loop_at_the_settings_priority() -> None:
+    measured = floor.beside(launcher.Setting(nice=5), ms=2.0, seconds=0.5)
+    assert measured["nice"] == 5 and measured["threads"] == len(os.sched_getaffinity(0))
+    assert measured["repeats"] >= 1 and measured["sample_ms"]["n"] >= 5
+    samples = measured["sample_ms"]
+    assert 0 < samples["p50"] <= samples["p99"] <= samples["max"]
+    cell = {
+        "gap_ms": stats.summary([8.0, 9.0]),
+        "ttft_ms": stats.summary([20.0]),
+        "floor": measured,
+    }
+    assert f"floor x{samples['jitter']:g}" in latency.cell_text(cell)
+    broken = {**cell, "floor": {"error": "no native build runs here"}}
+    assert latency.cell_text(broken).endswith("floor: no native build runs here")
 
 
 def test_memory_noise_takes_what_it_may_and_reads_the_file(tmp_path: Path) -> None:
