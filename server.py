@@ -177,7 +177,9 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
 
     # Made before the model is known: auto's weights, settled at the load (Plan.for_model),
     # are int8-row or int4-row, both the same bits on any thread count, so this stays right.
-    governor = governor_for(config.thread_policy, plan.quantize, config.threads)
+    governor = governor_for(  # ticks in the inference thread, after the load: engine is set
+        config.thread_policy, plan.quantize, config.threads, lambda n: worker.engine.set_threads(n)
+    )
     runtime.thread_governor = governor
     worker = Worker(
         None,

@@ -60,8 +60,9 @@ def size_class(rows: int) -> int:
 
 class ThreadGovernor:
     """Call `tick(last)` in the inference thread before each step, with the forward the last
-    step ran (or None): it sets the thread count (torch's, the calling thread's own OpenMP
-    setting, which the native step follows)."""
+    step ran (or None): it sets the thread count through `set_threads` (the engine's:
+    the native step's pool, or torch's own count in the calling thread; torch's by
+    default)."""
 
     def __init__(
         self,
@@ -139,9 +140,11 @@ class ThreadGovernor:
             self._set_threads(threads)
 
 
-def governor_for(policy: str, quantize: str, threads: int) -> ThreadGovernor | None:
+def governor_for(
+    policy: str, quantize: str, threads: int, set_threads: Callable[[int], None] | None = None
+) -> ThreadGovernor | None:
     """The governor for --thread-policy, or None for a fixed count (asked for, or forced:
-    one INFO line says why)."""
+    one INFO line says why). `set_threads`: what takes a new count (the engine's)."""
     if policy != "adaptive" or threads <= 1:
         return None
     if quantize not in THREAD_INVARIANT:
@@ -149,4 +152,4 @@ def governor_for(policy: str, quantize: str, threads: int) -> ThreadGovernor | N
         log.info("--thread-policy adaptive: kept at %d threads (%s)", threads, why)
         return None
     log.info("inference threads: adaptive, 1 or %d, whichever measures faster", threads)
-    return ThreadGovernor(threads)
+    return ThreadGovernor(threads, set_threads)

@@ -162,6 +162,10 @@ class Engine:
 
     # -- one job's life ---------------------------------------------------------------------
 
+    def set_threads(self, threads: int) -> None:
+        """The thread count of the steps from here on (the thread governor's)."""
+        self.decoder.set_threads(threads)
+
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most KV cache memory a job of this size can take (the worker's admission):
         `max_tokens` is its answer budget, already decided (inference/runtime/budget.py)."""

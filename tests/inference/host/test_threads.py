@@ -144,6 +144,30 @@ def test_the_policy_adapts_only_where_the_answer_cannot_change(caplog):
         assert f"kept at 2 threads (quantize={quantize} changes in the last bits" in caplog.text
 
 
+def test_the_count_goes_where_the_server_says(engine_and_prompts):
+    """governor_for's `set_threads` gets each count (the server passes the engine's); the
+    engine gives it to the native step's pool, and torch's ops beside it stay on one."""
+    engine, _prompts = engine_and_prompts
+    got = []
+    governor = governor_for(
+        "adaptive", "int8-row", 2, lambda n: (got.append(n), engine.set_threads(n))
+    )
+    stepped = 0.0
+    while not got:  # the first probe runs on the other count
+        governor.tick((1, 0.01))
+        stepped += 0.01
+        assert stepped < 10 * threads.PROBE_S
+    assert got == [1]
+    native = engine.decoder._native
+    if native is not None:
+        assert native.threads == 1 and torch.get_num_threads() == 1
+        engine.set_threads(2)
+        assert native.threads == 2 and torch.get_num_threads() == 1
+    else:  # torch's step: its own count
+        assert torch.get_num_threads() == 1
+    engine.set_threads(2)
+
+
 def test_the_server_adapts_by_default(embedded_server):
     adapting = physical_cores() > 1  # one core: nothing to adapt, and nothing said
     assert ("inference threads: adaptive" in embedded_server.log()) == adapting
@@ -176,8 +200,8 @@ def generate(engine, prompt_ids, counts) -> str:
     stream = engine.open(prompt_ids, Sampling(max_tokens=32))
     text, step = "", 0
     while stream.finish is None:
-        with thread_count(counts[step % len(counts)]):
-            engine.step([stream])
+        engine.set_threads(counts[step % len(counts)])  # as the governor sets it
+        engine.step([stream])
         text += stream.take_text()
         step += 1
     engine.close(stream)
@@ -193,9 +217,10 @@ def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
     prompt_ids = prompts.encode([{"role": "user", "content": text}])
     logits = []
     for count in (1, 2):
-        with thread_count(count):
-            cache = engine.decoder.new_cache(len(prompt_ids))
-            logits.append(engine.decoder.forward([Segment(cache, prompt_ids)], every_row=True))
+        engine.set_threads(count)
+        cache = engine.decoder.new_cache(len(prompt_ids))
+        logits.append(engine.decoder.forward([Segment(cache, prompt_ids)], every_row=True))
+    engine.set_threads(2)
     assert torch.equal(logits[0], logits[1])  # not so with float weights: THREAD_INVARIANT
 
 
