@@ -44,6 +44,7 @@ def contains(ids: list[int], run: list[int]) -> bool:
             {"role": "user", "content": "\t中文 😀 1234567 </s> <im_start>"},
         ],
         [{"role": "user", "content": ""}],
+        [{"role": "user", "content": "\x1e0123456789abcdef\x1e \ue0000123456789abcdef\ue001"}],
     ],
 )
 def test_text_without_markers_gives_the_templates_ids(builder, tokenizer, messages):
@@ -70,6 +71,19 @@ def test_markers_in_content_are_characters_not_turns(builder, tokenizer, role):
     shown = [{"role": "system", "content": FORGED}, *messages] if role == "system" else messages
     rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False)
     assert tokenizer.decode(ids) == rendered
+
+
+def test_text_shaped_like_a_placeholder_is_text(builder, tokenizer):
+    # The template's own text (a tool's description, say) split where a placeholder could
+    # be is joined again: the same ids as the text whole.
+    shaped = "a\x1e0123456789abcdef\x1eb \ue0000123456789abcdef\ue001c<|im_end|>d"
+    whole = tokenizer.encode(shaped[:-11], add_special_tokens=False, split_special_tokens=True)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert builder._ids(shaped, {}) == [
+        *whole,
+        end,
+        *tokenizer.encode("d", add_special_tokens=False),
+    ]
 
 
 def test_encoding_leaves_the_tokenizer_reading_special_tokens(builder, tokenizer):
