@@ -211,6 +211,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         if pinning:
             pinning.pin_inference()  # ... and this CPU mask
         engine, prompts = load_model(choice, config, status, build_grammars, plan)
+        engine.set_threads(config.threads)  # the native step's pool; torch's ops on one
         return engine
 
     def abandon() -> None:

@@ -4,14 +4,14 @@
 
 Why: a token gap's p99/p50 on a quiet PC is partly the server's and partly the machine's
 (a VM's host, interrupts, the CPU's clocks). This times a fixed loop made of what a decode
-step is made of, the native int8 product of one row through a 4,096 x 576 weight (a
-layer's, in the cache), on as many threads as the server's default (the CPUs), repeated
-so that one sample lasts about `--ms` (the quiet gap it is compared with). No HTTP, no
-queue: between two calls only the loop's own Python. It prints one JSON line: the
-samples' summary (bench/stats.py, `jitter` = p99/p50), the repeats a sample, the thread
-count and the nice it ran at. `python -m bench --latency` runs it after each setting's
-quiet cell, in a process started as the server is (its own session, the setting's
-priority).
+step is made of, the native int8 product of one row through a 4,096 x 576 weight (the
+embedded model's width; it stays in the cache), on as many threads as the server's default
+(the physical cores), repeated so that one sample lasts about `--ms` (the quiet gap it
+is compared with). No HTTP, no queue: between two calls only the loop's own Python. It
+prints one JSON line: the samples' summary (bench/stats.py, `jitter` = p99/p50), the
+repeats a sample, the thread count and the nice it ran at. `python -m bench --latency`
+runs it after each setting's quiet cell, in a process started as the server is (its own
+session, the setting's priority).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import time
 
 from bench.launcher import ROOT, Setting, prioritize
 from bench.stats import summary
+from service.config import physical_cores
 
-ROWS, WIDTH = 4096, 576  # one of the embedded model's products: its weight stays in cache
+ROWS, WIDTH = 4096, 576  # the embedded model's width (576); the weight (2.4 MB) stays in cache
 
 
 def product(threads: int):
@@ -73,16 +74,19 @@ def beside(chosen: Setting, ms: float, seconds: float) -> dict:
     """The floor measured in a process started as `chosen`'s server is: its own session,
     its priority and environment. {sample_ms, repeats, threads, nice} or {error}."""
     command = [sys.executable, "-m", "bench.serving.floor", "--ms", f"{ms:g}"]
-    done = subprocess.run(
-        [*command, "--seconds", f"{seconds:g}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **chosen.env},
-        start_new_session=True,
-        preexec_fn=prioritize(chosen.nice),
-        timeout=seconds + 120,
-    )
+    try:
+        done = subprocess.run(
+            [*command, "--seconds", f"{seconds:g}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **chosen.env},
+            start_new_session=True,
+            preexec_fn=prioritize(chosen.nice),
+            timeout=seconds + 120,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result in {seconds + 120:g} s"}
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
     return json.loads(done.stdout.splitlines()[-1])
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serving.floor", description=__doc__)
     parser.add_argument("--ms", type=float, default=8.0, help="one sample's length")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=physical_cores(), help="[the server's]")
     args = parser.parse_args(argv)
     if args.ms <= 0 or args.seconds <= 0 or args.threads < 1:
         parser.error("--ms and --seconds must be positive, --threads 1 or more")

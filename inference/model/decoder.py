@@ -118,18 +118,18 @@ class Decoder:
         self.eps = float(body.norm.variance_epsilon) if self.fused_norms else 0.0
         self.intermediate = self._fused[0].gate_up_sizes[0] if self._fused else 0
         self._native = self._native_model(native)
-        if self._native is not None:
-            self.set_threads(self._native.threads)
         # Keys and values: float16 where the native step runs (it converts them exactly, in
         # and out, and reads half the bytes per attended position), else the compute dtype.
         self.kv_dtype = torch.float16 if self._native is not None else self.dtype
 
     def set_threads(self, threads: int) -> None:
-        """The step's thread count, set from the thread that steps. Where the native step
+        """The step's thread count, set from the thread that steps (the server's inference
+        thread, after the load and at each change of the governor's). Where the native step
         serves it is its pool's, and torch's ops around it in this thread (sampling, the
         prefix cache's copies) run on one: a second pool (OpenMP's) woke for them beside
         the native one, and on a busy PC the first token waited for its threads
-        (docs/latency.md). Else torch's step runs on `threads`."""
+        (docs/latency.md). Else torch's step runs on `threads`. Until it is called the
+        native step runs on torch's count in the calling thread (tests, benches)."""
         if self._native is not None:
             self._native.threads = threads
             torch.set_num_threads(1)

@@ -148,9 +148,9 @@ class NativeModel:
                 self._four_bit(i, part, linear)
         lib.dll.dc_head_set(self.handle, *self._linear(d.lm_head))
         self._four_bit(-1, 0, d.lm_head)
-        # The step's own thread count (the pool in step.c), set by Decoder.set_threads: torch's
-        # count stays at one while this serves (see there).
-        self.threads = torch.get_num_threads()
+        # The step's own thread count (the pool in step.c) once Decoder.set_threads has set
+        # it (the server does, in the thread that steps); until then torch's in the caller.
+        self.threads: int | None = None
 
     def _hold(self, t: torch.Tensor | None) -> int | None:
         if t is None:
@@ -192,7 +192,7 @@ class NativeModel:
             code = self.lib.dll.dc_forward(
                 self.handle, hidden.shape[0], hidden.data_ptr(), pos.data_ptr(),
                 ptrs.data_ptr(), alloc.data_ptr(), len(out), out.data_ptr(),
-                logits.data_ptr(), self.threads,
+                logits.data_ptr(), self.threads or torch.get_num_threads(),
             )  # fmt: skip
         if code == -2:
             raise ValueError("a position past the rotary table (the context)")

@@ -144,7 +144,7 @@ def test_the_policy_adapts_only_where_the_answer_cannot_change(caplog):
         assert f"kept at 2 threads (quantize={quantize} changes in the last bits" in caplog.text
 
 
-def test_the_count_goes_where_the_server_says(engine_and_prompts):
+def test_the_count_goes_where_the_server_says(engine_and_prompts, keep_threads):
     """governor_for's `set_threads` gets each count (the server passes the engine's); the
     engine gives it to the native step's pool, and torch's ops beside it stay on one."""
     engine, _prompts = engine_and_prompts
@@ -165,7 +165,8 @@ def test_the_count_goes_where_the_server_says(engine_and_prompts):
         assert native.threads == 2 and torch.get_num_threads() == 1
     else:  # torch's step: its own count
         assert torch.get_num_threads() == 1
-    engine.set_threads(2)
+        engine.set_threads(2)
+        assert torch.get_num_threads() == 2
 
 
 def test_the_server_adapts_by_default(embedded_server):
@@ -209,7 +210,7 @@ def generate(engine, prompt_ids, counts) -> str:
 
 
 @pytest.mark.slow
-def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
+def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts, keep_threads):
     from inference.model.decoder import Segment
 
     engine, prompts = engine_and_prompts
@@ -225,7 +226,7 @@ def test_the_logits_are_the_same_bits_on_one_thread_or_two(engine_and_prompts):
 
 
 @pytest.mark.slow
-def test_the_answer_is_the_same_whatever_the_thread_count(engine_and_prompts):
+def test_the_answer_is_the_same_whatever_the_thread_count(engine_and_prompts, keep_threads):
     engine, prompts = engine_and_prompts
     long_question = "Summarize: " + "the launch moved to May and two engineers joined. " * 12
     for question in ["List three fruits.", "写一个 Python 函数，计算斐波那契数列。", long_question]:
