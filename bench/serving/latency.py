@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.engine import machine_floor
 from bench.launcher import Server, Setting, client_priority
 from bench.models import MODEL_HELP, resolve_model
-from bench.serving import floor
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
 from bench.stats import QUANTILES, summary
@@ -35,7 +35,7 @@ WARMUP_REQUESTS = 1
 # more. The gaps at or over it are the gaps between steps.
 BURST_MS = 1.0
 SETTLE_S = 1.0  # noise running before the first measured request
-FLOOR_S = 10.0  # the machine's floor (bench/serving/floor.py), after each quiet cell
+FLOOR_S = 10.0  # the machine's floor (bench/engine/machine_floor.py), after each quiet cell
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.
 ASK = [
@@ -182,7 +182,9 @@ def run(args, log=print) -> dict:
                     with client_priority(chosen.nice):
                         cell = run_cell(url, condition, args, file, log)
                         if condition == "quiet":  # the server idle: the machine's own spread
-                            cell["floor"] = floor.beside(chosen, cell["gap_ms"]["p50"], FLOOR_S)
+                            cell["floor"] = machine_floor.beside(
+                                chosen, cell["gap_ms"]["p50"], FLOOR_S
+                            )
                     report["cells"].setdefault(label, {})[condition] = cell
                     log(f"  {condition:7s} {cell_text(cell)}  load {cell['loadavg_1m']}")
             finally:
@@ -232,7 +234,7 @@ def format_report(report: dict) -> str:
     conditions = [c for c in CONDITIONS if any(c in row for row in cells.values())]
     lines = [
         "inter-token gap p50/p99 ms (p99/p50) · TTFT p50/p99 ms; quiet: the machine's floor "
-        "(p99/p50 of a fixed loop, bench/serving/floor.py)",
+        "(p99/p50 of a fixed loop, bench/engine/machine_floor.py)",
         "",
         "| setting | " + " | ".join(conditions) + " |",
         "|---|" + "---|" * len(conditions),

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench import launcher, stats
-from bench.serving import floor, latency, noise
+from bench.engine import machine_floor
+from bench.serving import latency, noise
 from service.config import physical_cores
 from tests.support.fakes import FakeEngine
 
@@ -142,7 +143,7 @@ def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None
 
 @pytest.mark.slow
 def test_the_floor_runs_the_native_loop_at_the_settings_priority() -> None:
-    measured = floor.beside(launcher.Setting(nice=5), ms=2.0, seconds=0.5)
+    measured = machine_floor.beside(launcher.Setting(nice=5), ms=2.0, seconds=0.5)
     assert measured["nice"] == 5 and measured["threads"] == physical_cores()
     assert measured["repeats"] >= 1 and measured["sample_ms"]["n"] >= 5
     samples = measured["sample_ms"]

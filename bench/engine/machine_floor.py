@@ -1,6 +1,6 @@
 """The machine's floor for the latency table: how steady fixed work is on this PC right now.
 
-    python -m bench.serving.floor [--ms 8] [--seconds 10] [--threads N]
+    python -m bench.engine.machine_floor [--ms 8] [--seconds 10] [--threads N]
 
 Why: a token gap's p99/p50 on a quiet PC is partly the server's and partly the machine's
 (a VM's host, interrupts, the CPU's clocks). This times a fixed loop made of what a decode
@@ -73,7 +73,7 @@ def measure(call, repeats: int, seconds: float) -> list[float]:
 def beside(chosen: Setting, ms: float, seconds: float) -> dict:
     """The floor measured in a process started as `chosen`'s server is: its own session,
     its priority and environment. {sample_ms, repeats, threads, nice} or {error}."""
-    command = [sys.executable, "-m", "bench.serving.floor", "--ms", f"{ms:g}"]
+    command = [sys.executable, "-m", "bench.engine.machine_floor", "--ms", f"{ms:g}"]
     try:
         done = subprocess.run(
             [*command, "--seconds", f"{seconds:g}"],
@@ -93,7 +93,9 @@ def beside(chosen: Setting, ms: float, seconds: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.serving.floor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.engine.machine_floor", description=__doc__
+    )
     parser.add_argument("--ms", type=float, default=8.0, help="one sample's length")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=physical_cores(), help="[the server's]")
