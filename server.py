@@ -188,8 +188,9 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         config.batch_memory_mb * 1024 * 1024,
         pace=governor.tick if governor is not None else None,
     )
-    if watchdog_period() > 0:  # an idle worker beats within the period, or pings are skipped
-        worker.idle_tick = min(worker.idle_tick, watchdog_period() / 4)
+    period = watchdog_period()
+    if period > 0:  # an idle worker beats within the period, or pings are skipped
+        worker.idle_tick = min(worker.idle_tick, period / 4)
     prompts = grammars = None
 
     def build_grammars(tokenizer, vocab_size: int) -> None:
