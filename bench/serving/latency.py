@@ -3,9 +3,11 @@
 For each setting (server flags, environment, priority) it starts `server.py` on a free
 loopback port, warms it up, then for each condition (bench/serving/noise.py) sends short streamed
 `POST /chat` requests one after another for `--seconds`, recording each request's time to
-the first token (TTFT) and every gap between two text events (one event per token, bar
-the odd token that completes no character), and the gaps between steps (tokens a step sends
-at once, drafted ones, arrive under BURST_MS apart). One table per run: settings x conditions, with
+the first token (TTFT) and every gap between two text events. The server sends one event a
+step, so a step that takes drafted tokens sends them in one event: the gaps are the steps'
+pace as a reader sees it, and the tokens an event carried (the answers' token counts over
+their events) and the time a token took (an answer's decode time over its tokens after the
+first) say what the steps held. One table per run: settings x conditions, with
 p50 / p90 / p99 / p99.9 / max and the jitter ratio p99/p50, the settings of each row and the
 load average around each cell. `--json` keeps it all; `--merge` prints several runs' JSON as
 one table (system/measure-tuning.sh: tuned and untuned).
@@ -27,13 +29,10 @@ from bench.launcher import Server, Setting, client_priority
 from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
-from bench.stats import QUANTILES, summary
+from bench.speculation_tasks import GROUNDED_KINDS, TASKS
+from bench.stats import QUANTILES, percentile, summary
 
 WARMUP_REQUESTS = 1
-# Text events closer than this came out of one step: a step that takes drafted tokens writes
-# them one after another at once (microseconds apart on loopback), while a step lasts 10 ms or
-# more. The gaps at or over it are the gaps between steps.
-BURST_MS = 1.0
 SETTLE_S = 1.0  # noise running before the first measured request
 FLOOR_S = 10.0  # the machine's floor (bench/engine/machine_floor.py), after each quiet cell
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
@@ -45,6 +44,15 @@ ASK = [
         "second column and averages the third. Explain each line.",
     }
 ]
+ASKS = ("question", *GROUNDED_KINDS, "open")  # --ask: ASK, or a kind of the speculation tasks
+
+
+def questions(ask: str) -> list[list[dict]]:
+    """The messages the requests cycle through: ASK alone, or every speculation task of a
+    kind (grounded ones copy their prompt, so their steps take drafted tokens)."""
+    if ask == "question":
+        return [ASK]
+    return [task.messages for task in TASKS if task.kind == ask]
 
 
 def _upper_half() -> str:
@@ -69,6 +77,7 @@ SETTINGS: dict[str, Setting] = {
     "mlock": Setting(("--mlock",), about="resident memory locked"),
     "shared-desk": Setting(nice=10, about="profile: the owner first (Nice=10)"),
     "dedicated": Setting(nice=-10, about="profile: the service first (Nice=-10)"),
+    "no-speculate": Setting(("--no-speculate",), about="no drafted tokens"),
 }
 FULL_TABLE = (
     "default",
@@ -97,44 +106,52 @@ def setting(name: str) -> Setting:
 # -- one streamed request ----------------------------------------------------------------------
 
 
-def stream_once(url: str, max_tokens: int, timeout: float = 300) -> dict:
-    """{ttft_ms, gaps_ms: [...]} or {error}."""
-    result = chat_once(url, ASK, max_tokens, timeout)
+def stream_once(url: str, max_tokens: int, messages: list[dict] = ASK, timeout=300) -> dict:
+    """{ttft_ms, gaps_ms: [...], tokens, ms_a_token} or {error}; `ms_a_token` is the
+    decode time (first text event to last) over the tokens after the first event's one."""
+    result = chat_once(url, messages, max_tokens, timeout)
     if "error" in result:
         return result
-    if not result["arrivals"]:
+    arrivals = result["arrivals"]
+    if not arrivals:
         return {"error": "no token"}
-    return {"ttft_ms": result["ttft_ms"], "gaps_ms": gaps_ms(result["arrivals"])}
+    tokens = result["tokens"]
+    decode_s = arrivals[-1] - arrivals[0]
+    return {
+        "ttft_ms": result["ttft_ms"],
+        "gaps_ms": gaps_ms(arrivals),
+        "tokens": tokens,
+        "ms_a_token": decode_s * 1000 / (tokens - 1) if tokens > 1 else None,
+    }
 
 
-def step_gaps(gaps: list[float]) -> list[float]:
-    """The gaps between steps: a gap under BURST_MS joins a token to its step's burst."""
-    return [g for g in gaps if g >= BURST_MS]
-
-
-def measure(url: str, seconds: float, max_tokens: int) -> dict:
-    """Requests one after another for `seconds`; their TTFTs and gaps summarized, per token
-    (what a reader of the stream sees) and per step (what the engine's pace is; with
-    speculation a step may send several tokens at once), and the tokens a step sent."""
+def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") -> dict:
+    """Requests one after another for `seconds`, cycling through the ask's questions; their
+    TTFTs and event gaps summarized, the tokens an event carried (drafted tokens come in
+    their step's event) and the median time a token took."""
     ttft: list[float] = []
     gaps: list[float] = []
-    steps: list[float] = []
+    tokens = 0
+    per_token: list[float] = []
     errors = 0
+    asked = questions(ask)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        result = stream_once(url, max_tokens)
+        result = stream_once(url, max_tokens, asked[(len(ttft) + errors) % len(asked)])
         if "error" in result:
             errors += 1
             continue
         ttft.append(result["ttft_ms"])
         gaps.extend(result["gaps_ms"])
-        steps.extend(step_gaps(result["gaps_ms"]))
-    tokens_per_step = round((len(gaps) + len(ttft)) / (len(steps) + len(ttft)), 2) if ttft else 0
+        tokens += result["tokens"]
+        if result["ms_a_token"] is not None:
+            per_token.append(result["ms_a_token"])
+    events = len(gaps) + len(ttft)
     return {
         "ttft_ms": summary(ttft),
         "gap_ms": summary(gaps),
-        "step_gap_ms": summary(steps),
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_event": round(tokens / events, 2) if events else 0,
+        "ms_a_token": round(percentile(per_token, 50), 2) if per_token else None,
         "errors": errors,
     }
 
@@ -149,7 +166,7 @@ def run_cell(url: str, condition: str, args, file: Path, log) -> dict:
         if n.report:
             log(f"    memory: {n.report}")
         time.sleep(SETTLE_S if condition != "quiet" else 0)
-        cell = measure(url, args.seconds, args.max_tokens)
+        cell = measure(url, args.seconds, args.max_tokens, args.ask)
     cell["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     cell["noise"] = n.report or condition
     return cell
@@ -199,6 +216,7 @@ def meta(args) -> dict:
         "model": args.url or args.model,
         "seconds_per_cell": args.seconds,
         "max_tokens": args.max_tokens,
+        "ask": args.ask,
         "cpus": len(os.sched_getaffinity(0)),
         "kernel": platform.release(),
         "memory_cap_mb": args.memory_mb,
@@ -254,7 +272,7 @@ def format_report(report: dict) -> str:
         "",
         "| setting | condition | requests | errors | gap ms "
         + " / ".join(quant)
-        + " | gaps | step gap ms p50 / p99, tokens a step | TTFT ms "
+        + " | gaps | tokens an event, ms a token | TTFT ms "
         + " / ".join(quant)
         + " | load 1m before, after |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -262,9 +280,10 @@ def format_report(report: dict) -> str:
     for label, row in cells.items():
         for condition, cell in row.items():
             gap, ttft = cell["gap_ms"], cell["ttft_ms"]
-            step = cell.get("step_gap_ms")  # runs before it was measured lack it
-            steps = (
-                f"{step['p50']:g} / {step['p99']:g}, {cell['tokens_per_step']:g}" if step else "-"
+            steps = (  # runs before they were measured lack them
+                f"{cell['tokens_per_event']:g}, {cell['ms_a_token']:g}"
+                if cell.get("ms_a_token") is not None
+                else "-"
             )
             lines.append(
                 f"| {label} | {condition} | {ttft['n']} | {cell['errors']} | {_quants(gap)} "
@@ -316,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=60, help="of requests per cell")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--model", default="qwen-shape", help=MODEL_HELP)
+    parser.add_argument(
+        "--ask",
+        default="question",
+        choices=ASKS,
+        help="what the requests ask: one code question (its answer runs past 64 tokens), "
+        "or the speculation bench's tasks of a kind (the grounded ones draft) [question]",
+    )
     parser.add_argument("--url", help="measure this running server instead (one row)")
     parser.add_argument(
         "--memory-mb",
