@@ -10,14 +10,23 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly UNITS=(deskchat.service deskchat-tune.service)
+# The service's slice: installed beside the units, never enabled (the service
+# pulls it in with Slice=).
+readonly SLICE=deskchat.slice
 readonly UNIT_DIR="${SYSROOT}/etc/systemd/system"
 readonly CONF_DIR="${SYSROOT}/etc/deskchat"
-# The priority profile's drop-in (system/profiles/NAME.conf).
-readonly PROFILE_DROPIN="${UNIT_DIR}/deskchat.service.d/profile.conf"
+# A priority profile is two drop-ins, system/profiles/NAME.service.conf and
+# NAME.slice.conf, each installed as profile.conf of its unit's .d directory.
+readonly PROFILE_PARTS=(service slice)
 readonly PROFILES=(shared-desk dedicated-pc)
 # Options, set by the scripts' argument parsing.
 PREFIX=/opt/deskchat
 DRY_RUN=""
+
+# The installed drop-in of a profile's part (service or slice).
+profile_dropin() {
+  echo "${UNIT_DIR}/deskchat.$1.d/profile.conf"
+}
 
 # Run a command, or only print it under --dry-run.
 run() {

@@ -4,7 +4,7 @@
 # (/opt/deskchat), settings and API keys in /etc/deskchat, both units enabled.
 # Usage: install.sh [--prefix DIR] [--profile NAME] [--skip-pip] [--dry-run]
 #   --profile shared-desk (default: the owner first) or dedicated-pc (the
-#   service first): the unit's priority drop-in, from system/profiles/.
+#   service first): the service's and its slice's priority drop-ins, from system/profiles/.
 #   --skip-pip (or DESKCHAT_INSTALL_SKIP_PIP=1): create the venv without pip
 #   and install no packages (for tests). TORCH_INDEX=URL: extra pip index,
 #   e.g. https://download.pytorch.org/whl/cpu for the CPU-only torch wheel.
@@ -103,9 +103,9 @@ copy_app() {
 }
 
 install_units() {
-  local unit
+  local unit part dropin
   run mkdir -p "${UNIT_DIR}"
-  for unit in "${UNITS[@]}"; do
+  for unit in "${UNITS[@]}" "${SLICE}"; do
     if [[ -n "${DRY_RUN}" ]]; then
       echo "would write ${UNIT_DIR}/${unit} with prefix ${PREFIX}"
     else
@@ -113,8 +113,11 @@ install_units() {
       chmod 0644 "${UNIT_DIR}/${unit}"
     fi
   done
-  run mkdir -p "$(dirname "${PROFILE_DROPIN}")"
-  run install -m 0644 "${HERE}/profiles/${PROFILE}.conf" "${PROFILE_DROPIN}"
+  for part in "${PROFILE_PARTS[@]}"; do
+    dropin="$(profile_dropin "${part}")"
+    run mkdir -p "$(dirname "${dropin}")"
+    run install -m 0644 "${HERE}/profiles/${PROFILE}.${part}.conf" "${dropin}"
+  done
   echo "priority profile: ${PROFILE}"
   systemctl_files enable "${UNITS[@]}"
   # After enable: --root only writes the symlinks, and a running manager

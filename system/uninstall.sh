@@ -31,7 +31,7 @@ remove_conf() {
 }
 
 remove_units() {
-  local unit tune_sh="${SYSROOT}${PREFIX}/app/system/tune.sh"
+  local unit part dropin tune_sh="${SYSROOT}${PREFIX}/app/system/tune.sh"
   systemd_running && run systemctl stop "${UNITS[@]}"
   # Without a running systemd nobody ran ExecStop=: revert the tuning here.
   if [[ -x "${tune_sh}" && -d "${SAVE_DIR}" ]]; then
@@ -42,9 +42,13 @@ remove_units() {
     systemctl_files disable "${unit}"
     run rm -f "${UNIT_DIR}/${unit}"
   done
-  run rm -f "${PROFILE_DROPIN}"
-  [[ -d "$(dirname "${PROFILE_DROPIN}")" ]] && run rmdir --ignore-fail-on-non-empty \
-    "$(dirname "${PROFILE_DROPIN}")"
+  run rm -f "${UNIT_DIR}/${SLICE}"
+  for part in "${PROFILE_PARTS[@]}"; do
+    dropin="$(profile_dropin "${part}")"
+    run rm -f "${dropin}"
+    [[ -d "$(dirname "${dropin}")" ]] && run rmdir --ignore-fail-on-non-empty \
+      "$(dirname "${dropin}")"
+  done
   systemd_running && run systemctl daemon-reload
   return 0
 }

@@ -82,6 +82,12 @@ def test_install_uninstall_round_trip(src: Path, root: Path) -> None:
     for unit in UNITS:
         link = root / "etc/systemd/system/multi-user.target.wants" / unit
         assert os.readlink(link) == f"/etc/systemd/system/{unit}"
+    # The slice is installed, not enabled: the service pulls it in.
+    assert "[Slice]" in (root / "etc/systemd/system/deskchat.slice").read_text()
+    assert not list((root / "etc/systemd/system").glob("*.wants/deskchat.slice"))
+    for part in ("service", "slice"):
+        dropin = root / f"etc/systemd/system/deskchat.{part}.d/profile.conf"
+        assert dropin.read_bytes() == (SYSTEM / f"profiles/shared-desk.{part}.conf").read_bytes()
 
     # The installed tune.sh works, and uninstall undoes the tuning it left behind.
     tuned = run([app / "system/tune.sh", "apply"], root)

@@ -97,7 +97,7 @@ def verify(root: Path, *units: str) -> tuple[int, list[str]]:
 
 
 def test_units_pass_systemd_analyze_verify(installed_root: Path) -> None:
-    code, complaints = verify(installed_root, *UNITS)
+    code, complaints = verify(installed_root, *UNITS, "deskchat.slice")
     assert code == 0 and complaints == [], complaints
 
 
@@ -217,17 +217,25 @@ def test_server_answers_under_memory_deny_write_execute(start_server, flags) -> 
         assert "writable+executable memory is denied here" in server.log()
 
 
-PRIORITY = ("Nice", "CPUWeight", "IOWeight")
+SHARES = ("CPUWeight", "IOWeight")
 
 
 def test_priority_profiles() -> None:
-    """shared desk restates the unit's own priority; dedicated PC puts the service first."""
-    unit = settings("deskchat.service")
-    shared = settings("profiles/shared-desk.conf")
-    dedicated = settings("profiles/dedicated-pc.conf")
-    assert {k: shared[k] for k in PRIORITY} == {k: unit[k] for k in PRIORITY}
-    assert int(shared["Nice"][-1]) > 0 and int(shared["CPUWeight"][-1]) < 100
-    assert int(dedicated["Nice"][-1]) < 0 and int(dedicated["CPUWeight"][-1]) > 100
+    """shared desk restates the units' own priority; dedicated PC puts the service first.
+    The shares are the slice's, a slice at the top of the tree: weights count only between
+    siblings, so in system.slice the service was weighed only against other services."""
+    unit, slice_ = settings("deskchat.service"), settings("deskchat.slice")
+    assert unit["Slice"] == ["deskchat.slice"]  # no "-" in its name: a child of the root
+    assert not set(SHARES) & set(unit)  # a service's own weights would weigh nothing here
+    shared = settings("profiles/shared-desk.service.conf")
+    shared_slice = settings("profiles/shared-desk.slice.conf")
+    dedicated = settings("profiles/dedicated-pc.service.conf")
+    dedicated_slice = settings("profiles/dedicated-pc.slice.conf")
+    assert shared["Nice"] == unit["Nice"] and int(shared["Nice"][-1]) > 0
+    assert {k: shared_slice[k] for k in SHARES} == {k: slice_[k] for k in SHARES}
+    assert int(shared_slice["CPUWeight"][-1]) < 100  # user.slice's weight is 100
+    assert int(dedicated["Nice"][-1]) < 0 and int(dedicated_slice["CPUWeight"][-1]) > 100
+    assert not set(SHARES) & (set(shared) | set(dedicated))
     assert "CPUSchedulingPolicy" not in dedicated  # no real-time: RestrictRealtime stays
     assert "DESKCHAT_MLOCK=1" in dedicated["Environment"]
     assert unit["LimitMEMLOCK"] == ["infinity"]  # --mlock needs it (inference/host/process.py)
@@ -240,9 +248,10 @@ def test_profile_dropins_verify_and_keep_the_sandbox(
     src = fake_checkout(tmp_path)
     done = run([src / "system/install.sh", "--skip-pip", "--profile", profile], installed_root)
     assert done.returncode == 0, done.stderr
-    dropin = installed_root / "etc/systemd/system/deskchat.service.d/profile.conf"
-    assert dropin.read_text() == (SYSTEM / "profiles" / f"{profile}.conf").read_text()
-    code, complaints = verify(installed_root, *UNITS)
+    for part in ("service", "slice"):
+        dropin = installed_root / f"etc/systemd/system/deskchat.{part}.d/profile.conf"
+        assert dropin.read_text() == (SYSTEM / "profiles" / f"{profile}.{part}.conf").read_text()
+    code, complaints = verify(installed_root, *UNITS, "deskchat.slice")
     assert code == 0 and complaints == [], complaints
     result = subprocess.run(
         [need("systemd-analyze"), "security", "--offline=true", f"--root={installed_root}"]
