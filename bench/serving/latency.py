@@ -79,12 +79,14 @@ SETTINGS: dict[str, Setting] = {
     "dedicated": Setting(nice=-10, about="profile: the service first (Nice=-10)"),
     "no-speculate": Setting(("--no-speculate",), about="no drafted tokens"),
 }
+# The omp-* settings are left out: OMP_WAIT_POLICY governs torch's OpenMP threads, which the
+# native step does not use (torch runs on one thread beside it); they remain for the torch step.
 FULL_TABLE = (
     "default",
     "gc-python",
     "threads-1",
-    "omp-passive",
-    "omp-active",
+    "threads-fixed",
+    "no-speculate",
     "pinned",
     "mlock",
     "shared-desk",
