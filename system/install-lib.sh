@@ -16,8 +16,12 @@ readonly SLICE=deskchat.slice
 readonly UNIT_DIR="${SYSROOT}/etc/systemd/system"
 readonly CONF_DIR="${SYSROOT}/etc/deskchat"
 # A priority profile is two drop-ins, system/profiles/NAME.service.conf and
-# NAME.slice.conf, each installed as profile.conf of its unit's .d directory.
+# NAME.slice.conf, each installed as 10-profile.conf of its unit's .d directory:
+# drop-ins apply in the order of their names, so `systemctl edit`'s
+# override.conf comes after it and wins. (Installs before 2026-12-04 wrote
+# profile.conf, which came after override.conf: removed on install.)
 readonly PROFILE_PARTS=(service slice)
+readonly OLD_PROFILE_NAME=profile.conf
 readonly PROFILES=(shared-desk dedicated-pc)
 # Options, set by the scripts' argument parsing.
 PREFIX=/opt/deskchat
@@ -25,7 +29,7 @@ DRY_RUN=""
 
 # The installed drop-in of a profile's part (service or slice).
 profile_dropin() {
-  echo "${UNIT_DIR}/deskchat.$1.d/profile.conf"
+  echo "${UNIT_DIR}/deskchat.$1.d/10-profile.conf"
 }
 
 # Run a command, or only print it under --dry-run.

@@ -116,6 +116,7 @@ install_units() {
   for part in "${PROFILE_PARTS[@]}"; do
     dropin="$(profile_dropin "${part}")"
     run mkdir -p "$(dirname "${dropin}")"
+    run rm -f "$(dirname "${dropin}")/${OLD_PROFILE_NAME}"
     run install -m 0644 "${HERE}/profiles/${PROFILE}.${part}.conf" "${dropin}"
   done
   echo "priority profile: ${PROFILE}"

@@ -32,7 +32,12 @@ remove_conf() {
 
 remove_units() {
   local unit part dropin tune_sh="${SYSROOT}${PREFIX}/app/system/tune.sh"
-  systemd_running && run systemctl stop "${UNITS[@]}"
+  # The slice too: an active slice outlives its unit file until the next boot.
+  # A second uninstall (--purge-cache after a plain one) finds them gone, and
+  # systemctl then fails ("not loaded"): nothing left to stop is not an error.
+  if systemd_running; then
+    run systemctl stop "${UNITS[@]}" "${SLICE}" || true
+  fi
   # Without a running systemd nobody ran ExecStop=: revert the tuning here.
   if [[ -x "${tune_sh}" && -d "${SAVE_DIR}" ]]; then
     run "${tune_sh}" revert || err "tune.sh revert failed; see above"
@@ -45,7 +50,7 @@ remove_units() {
   run rm -f "${UNIT_DIR}/${SLICE}"
   for part in "${PROFILE_PARTS[@]}"; do
     dropin="$(profile_dropin "${part}")"
-    run rm -f "${dropin}"
+    run rm -f "${dropin}" "$(dirname "${dropin}")/${OLD_PROFILE_NAME}"
     [[ -d "$(dirname "${dropin}")" ]] && run rmdir --ignore-fail-on-non-empty \
       "$(dirname "${dropin}")"
   done

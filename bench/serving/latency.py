@@ -5,9 +5,9 @@ loopback port, warms it up, then for each condition (bench/serving/noise.py) sen
 `POST /chat` requests one after another for `--seconds`, recording each request's time to
 the first token (TTFT) and every gap between two text events. The server sends one event a
 step, so a step that takes drafted tokens sends them in one event: the gaps are the steps'
-pace as a reader sees it, and the tokens an event carried (the answers' token counts over
-their events) and the time a token took (an answer's decode time over its tokens after the
-first) say what the steps held. One table per run: settings x conditions, with
+pace as a reader sees it, and the tokens a step took (the server's counts) and the time a
+token took (an answer's time after its first text event over its tokens after the first)
+say what the steps held. One table per run: settings x conditions, with
 p50 / p90 / p99 / p99.9 / max and the jitter ratio p99/p50, the settings of each row and the
 load average around each cell. `--json` keeps it all; `--merge` prints several runs' JSON as
 one table (system/measure-tuning.sh: tuned and untuned).
@@ -109,8 +109,10 @@ def setting(name: str) -> Setting:
 
 
 def stream_once(url: str, max_tokens: int, messages: list[dict] = ASK, timeout=300) -> dict:
-    """{ttft_ms, gaps_ms: [...], tokens, ms_a_token} or {error}; `ms_a_token` is the
-    decode time (first text event to last) over the tokens after the first event's one."""
+    """{ttft_ms, gaps_ms: [...], tokens, steps, ms_a_token} or {error}. `steps` is the
+    server's count of the answer's steps; `ms_a_token` the time from the first text event to
+    the end over the tokens after the first (None for an answer of one token or one event:
+    text held back to the end has no pace to show)."""
     result = chat_once(url, messages, max_tokens, timeout)
     if "error" in result:
         return result
@@ -118,22 +120,23 @@ def stream_once(url: str, max_tokens: int, messages: list[dict] = ASK, timeout=3
     if not arrivals:
         return {"error": "no token"}
     tokens = result["tokens"]
-    decode_s = arrivals[-1] - arrivals[0]
+    after_first_ms = result["latency_s"] * 1000 - result["ttft_ms"]
     return {
         "ttft_ms": result["ttft_ms"],
         "gaps_ms": gaps_ms(arrivals),
         "tokens": tokens,
-        "ms_a_token": decode_s * 1000 / (tokens - 1) if tokens > 1 else None,
+        "steps": result["done"]["timings"]["decode_steps"],
+        "ms_a_token": after_first_ms / (tokens - 1) if tokens > 1 and len(arrivals) > 1 else None,
     }
 
 
 def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") -> dict:
     """Requests one after another for `seconds`, cycling through the ask's questions; their
-    TTFTs and event gaps summarized, the tokens an event carried (drafted tokens come in
-    their step's event) and the median time a token took."""
+    TTFTs and event gaps summarized, the tokens a step took (drafted tokens come in their
+    step's one event) and the median time a token took."""
     ttft: list[float] = []
     gaps: list[float] = []
-    tokens = 0
+    tokens = steps = 0
     per_token: list[float] = []
     errors = 0
     asked = questions(ask)
@@ -145,14 +148,13 @@ def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") ->
             continue
         ttft.append(result["ttft_ms"])
         gaps.extend(result["gaps_ms"])
-        tokens += result["tokens"]
+        tokens, steps = tokens + result["tokens"], steps + result["steps"]
         if result["ms_a_token"] is not None:
             per_token.append(result["ms_a_token"])
-    events = len(gaps) + len(ttft)
     return {
         "ttft_ms": summary(ttft),
         "gap_ms": summary(gaps),
-        "tokens_per_event": round(tokens / events, 2) if events else 0,
+        "tokens_per_step": round(tokens / steps, 2) if steps else None,
         "ms_a_token": round(percentile(per_token, 50), 2) if per_token else None,
         "errors": errors,
     }
@@ -274,7 +276,7 @@ def format_report(report: dict) -> str:
         "",
         "| setting | condition | requests | errors | gap ms "
         + " / ".join(quant)
-        + " | gaps | tokens an event, ms a token | TTFT ms "
+        + " | gaps | tokens a step, ms a token | TTFT ms "
         + " / ".join(quant)
         + " | load 1m before, after |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -282,10 +284,9 @@ def format_report(report: dict) -> str:
     for label, row in cells.items():
         for condition, cell in row.items():
             gap, ttft = cell["gap_ms"], cell["ttft_ms"]
-            steps = (  # runs before they were measured lack them
-                f"{cell['tokens_per_event']:g}, {cell['ms_a_token']:g}"
-                if cell.get("ms_a_token") is not None
-                else "-"
+            steps = ", ".join(  # runs before they were measured lack them
+                "-" if cell.get(key) is None else f"{cell[key]:g}"
+                for key in ("tokens_per_step", "ms_a_token")
             )
             lines.append(
                 f"| {label} | {condition} | {ttft['n']} | {cell['errors']} | {_quants(gap)} "

@@ -32,32 +32,54 @@ def test_measure_counts_requests_and_errors(fake_server) -> None:
     assert gone["errors"] >= 1 and gone["ttft_ms"]["n"] == 0
 
 
-def test_measure_reports_tokens_an_event_and_the_time_a_token_took(monkeypatch) -> None:
+def test_measure_reports_tokens_a_step_and_the_time_a_token_took(monkeypatch) -> None:
     # Scripted answers (a client's read times through HTTP vary with the machine's load):
-    # 5 tokens in 3 events (the first step's one token, then steps of 2 and 2) over 40 ms
-    # of decode, so 10 ms a token; the requests cycle through the ask's questions.
+    # 5 tokens in 3 steps, 10 ms a token; the requests cycle through the ask's questions.
     asked = []
 
     def answer(url, max_tokens, messages):
         asked.append(messages)
-        return {"ttft_ms": 10.0, "gaps_ms": [30.0, 10.0], "tokens": 5, "ms_a_token": 10.0}
+        return {
+            "ttft_ms": 10.0,
+            "gaps_ms": [30.0, 10.0],
+            "tokens": 5,
+            "steps": 3,
+            "ms_a_token": 10.0,
+        }
 
     monkeypatch.setattr(latency, "stream_once", answer)
     cell = latency.measure("http://unused", seconds=0.01, max_tokens=5, ask="rewrite")
     requests = cell["ttft_ms"]["n"]
     assert requests >= 1 and cell["gap_ms"]["n"] == 2 * requests
-    assert cell["tokens_per_event"] == round(5 / 3, 2) and cell["ms_a_token"] == 10.0
+    assert cell["tokens_per_step"] == round(5 / 3, 2) and cell["ms_a_token"] == 10.0
     rewrites = latency.questions("rewrite")
     assert len(rewrites) > 1 and asked[: len(rewrites)] == rewrites[: len(asked)]
     assert latency.questions("question") == [latency.ASK]
 
 
-def test_stream_once_times_a_token_from_the_events(fake_server) -> None:
+def test_stream_once_times_a_token_from_the_first_text_to_the_end(monkeypatch) -> None:
+    def streamed(arrivals, tokens, latency_s=0.1, ttft_ms=20.0):
+        done = {"timings": {"decode_steps": 2}}
+        fields = {"arrivals": arrivals, "tokens": tokens, "done": done}
+        monkeypatch.setattr(
+            latency,
+            "chat_once",
+            lambda *a, **k: {"ttft_ms": ttft_ms, "latency_s": latency_s, **fields},
+        )
+        return latency.stream_once("http://unused", max_tokens=8)
+
+    # 5 tokens, the last an end-of-text that sends no text: 80 ms after the first text
+    # event over the 4 tokens after the first, whatever the events carried.
+    assert streamed([1.0, 1.05, 1.06], 5)["ms_a_token"] == pytest.approx(20.0)
+    assert streamed([1.0, 1.05, 1.06], 5)["steps"] == 2
+    assert streamed([1.0], 5)["ms_a_token"] is None  # text held back to the end
+    assert streamed([1.0], 1)["ms_a_token"] is None
+
+
+def test_stream_once_against_a_server(fake_server) -> None:
     server = fake_server(FakeEngine(token_s=0.002))
     result = latency.stream_once(server.url, max_tokens=12)
-    assert result["tokens"] == 12
-    decode_ms = sum(result["gaps_ms"])
-    assert result["ms_a_token"] == pytest.approx(decode_ms / 11)
+    assert result["tokens"] == 12 and result["ms_a_token"] > 0 and "steps" in result
 
 
 def test_summary_quantiles_and_jitter() -> None:
@@ -81,7 +103,7 @@ def _report(label: str) -> dict:
     cell = {
         "ttft_ms": stats.summary([50.0, 60.0]),
         "gap_ms": stats.summary([20.0, 21.0, 40.0]),
-        "tokens_per_event": 1.5,
+        "tokens_per_step": 1.5,
         "ms_a_token": 12.5,
         "errors": 0,
         "loadavg_1m": [0.5, 1.5],
@@ -104,7 +126,7 @@ def test_table_has_every_cell_and_the_settings(tmp_path: Path) -> None:
     assert len(rows) == 3 and len(compact) == 1  # one compact row, one full row per condition
     assert compact[0].count("·") == 2  # quiet and cpu side by side
     assert text.count("| untuned: default | cpu | 2 | 0 |") == 1
-    assert text.count("| 1.5, 12.5 |") == 4  # each cell's tokens an event, ms a token
+    assert text.count("| 1.5, 12.5 |") == 4  # each cell's tokens a step, ms a token
     assert "- tuned: default: server defaults" in text
     assert text.count('"loadavg_1m_start": 0.5') == 2  # both runs' meta
 

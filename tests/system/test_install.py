@@ -85,9 +85,12 @@ def test_install_uninstall_round_trip(src: Path, root: Path) -> None:
     # The slice is installed, not enabled: the service pulls it in.
     assert "[Slice]" in (root / "etc/systemd/system/deskchat.slice").read_text()
     assert not list((root / "etc/systemd/system").glob("*.wants/deskchat.slice"))
+    assert "/opt/deskchat" not in (root / "etc/systemd/system/deskchat.slice").read_text()
     for part in ("service", "slice"):
-        dropin = root / f"etc/systemd/system/deskchat.{part}.d/profile.conf"
+        dropin = root / f"etc/systemd/system/deskchat.{part}.d/10-profile.conf"
         assert dropin.read_bytes() == (SYSTEM / f"profiles/shared-desk.{part}.conf").read_bytes()
+        # drop-ins apply in name order: `systemctl edit`'s override.conf must come last
+        assert sorted([dropin.name, "override.conf"])[-1] == "override.conf"
 
     # The installed tune.sh works, and uninstall undoes the tuning it left behind.
     tuned = run([app / "system/tune.sh", "apply"], root)
@@ -332,7 +335,7 @@ def test_a_venv_from_another_interpreter_is_made_again(src: Path, root: Path) ->
     assert os.path.realpath(venv / "bin/python") == os.path.realpath("/usr/bin/python3")
 
 
-def test_a_running_systemd_reloads_after_the_units_are_enabled(
+def test_a_running_systemd_reloads_after_enabling_and_stops_the_slice_on_uninstall(
     src: Path, root: Path, tmp_path: Path
 ) -> None:
     """`systemctl --root=/ enable` only writes symlinks; the running manager sees them (and
@@ -355,3 +358,8 @@ def test_a_running_systemd_reloads_after_the_units_are_enabled(
     enable = next(i for i, line in enumerate(lines) if " enable " in f" {line} ")
     assert "daemon-reload" in lines[enable + 1 :], lines
     assert "daemon-reload" not in lines[:enable], lines
+    # Uninstall stops the slice with the units: an active slice would outlive its file.
+    gone = uninstall(src, root, env={"PATH": path})
+    assert gone.returncode == 0, gone.stderr
+    stops = [line for line in calls.read_text().splitlines() if line.startswith("stop ")]
+    assert stops == ["stop deskchat.service deskchat-tune.service deskchat.slice"], stops

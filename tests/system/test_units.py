@@ -249,7 +249,7 @@ def test_profile_dropins_verify_and_keep_the_sandbox(
     done = run([src / "system/install.sh", "--skip-pip", "--profile", profile], installed_root)
     assert done.returncode == 0, done.stderr
     for part in ("service", "slice"):
-        dropin = installed_root / f"etc/systemd/system/deskchat.{part}.d/profile.conf"
+        dropin = installed_root / f"etc/systemd/system/deskchat.{part}.d/10-profile.conf"
         assert dropin.read_text() == (SYSTEM / "profiles" / f"{profile}.{part}.conf").read_text()
     code, complaints = verify(installed_root, *UNITS, "deskchat.slice")
     assert code == 0 and complaints == [], complaints
