@@ -18,7 +18,7 @@ readonly CONF_DIR="${SYSROOT}/etc/deskchat"
 # A priority profile is two drop-ins, system/profiles/NAME.service.conf and
 # NAME.slice.conf, each installed as 10-profile.conf of its unit's .d directory:
 # drop-ins apply in the order of their names, so `systemctl edit`'s
-# override.conf comes after it and wins. (Installs before 2026-12-04 wrote
+# override.conf comes after it and wins. (Installs before 2026-12-03 wrote
 # profile.conf, which came after override.conf: removed on install.)
 readonly PROFILE_PARTS=(service slice)
 readonly OLD_PROFILE_NAME=profile.conf

@@ -108,7 +108,9 @@ def setting(name: str) -> Setting:
 # -- one streamed request ----------------------------------------------------------------------
 
 
-def stream_once(url: str, max_tokens: int, messages: list[dict] = ASK, timeout=300) -> dict:
+def stream_once(
+    url: str, max_tokens: int, messages: list[dict] = ASK, timeout: float = 300
+) -> dict:
     """{ttft_ms, gaps_ms: [...], tokens, steps, ms_a_token} or {error}. `steps` is the
     server's count of the answer's steps; `ms_a_token` the time from the first text event to
     the end over the tokens after the first (None for an answer of one token or one event:
