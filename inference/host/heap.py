@@ -14,6 +14,8 @@ import ctypes.util
 import functools
 
 _M_MMAP_THRESHOLD = -3
+# Below this share of MemTotal available, the caches let go of what they keep for later.
+LOW_MEMORY_SHARE = 0.10
 
 
 @functools.cache
@@ -39,3 +41,11 @@ def trim() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+def memory_is_short() -> bool:
+    """True when the available memory is under LOW_MEMORY_SHARE of the PC's RAM."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.available < LOW_MEMORY_SHARE * memory.total

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from inference.model import rope
 from inference.model.attention import prompt_attention
-from inference.model.kvcache import SequenceCache
+from inference.model.kvcache import SequenceCache, SpareBuffers
 from inference.quant.rowint8 import FusedPart, FusedParts, RowInt8Linear
 from inference.quant.smooth import PLAIN_NORMS
 
@@ -121,6 +121,7 @@ class Decoder:
         # Keys and values: float16 where the native step runs (it converts them exactly, in
         # and out, and reads half the bytes per attended position), else the compute dtype.
         self.kv_dtype = torch.float16 if self._native is not None else self.dtype
+        self.spares = SpareBuffers()  # finished jobs' cache buffers, for the next ones
 
     def set_threads(self, threads: int) -> None:
         """The step's thread count, set from the thread that steps (the server's inference
@@ -196,8 +197,9 @@ class Decoder:
         return h.hexdigest()
 
     def new_cache(self, capacity: int) -> SequenceCache:
+        """A job's cache, its buffer from the spares (given back by `SequenceCache.release`)."""
         return SequenceCache(
-            len(self.layers), self.kv_heads, self.head_dim, capacity, self.kv_dtype
+            len(self.layers), self.kv_heads, self.head_dim, capacity, self.kv_dtype, self.spares
         )
 
     def bytes_per_token(self) -> int:

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.host.heap import memory_is_short
 from inference.model.kvcache import SequenceCache
 
 BLOCK = 16  # tokens per block, by default: the engine's chunk alignment on per-row weights
-# Below this share of MemTotal available, the cache lets go of every block it holds.
-LOW_MEMORY_SHARE = 0.10
 
 
 def _digest(parent: bytes, tokens: list[int]) -> bytes:
@@ -53,14 +52,6 @@ def _chain(prompt_ids: list[int], blocks: int, block: int) -> list[bytes]:
         previous = _digest(previous, prompt_ids[i * block : (i + 1) * block])
         hashes.append(previous)
     return hashes
-
-
-def memory_is_short() -> bool:
-    """True when the available memory is under LOW_MEMORY_SHARE of the PC's RAM."""
-    import psutil
-
-    memory = psutil.virtual_memory()
-    return memory.available < LOW_MEMORY_SHARE * memory.total
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ class EngineLike(Protocol):
 
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int: ...
 
+    def idle(self) -> None: ...
+
 
 @dataclass
 class Running:

@@ -166,6 +166,13 @@ class Engine:
         """The thread count of the steps from here on (the thread governor's)."""
         self.decoder.set_threads(threads)
 
+    def idle(self) -> None:
+        """Nothing has run for a while (the worker's IDLE_RELEASE_S): the finished jobs'
+        cache buffers kept for the next ones leave RSS."""
+        if len(self.decoder.spares):
+            self.decoder.spares.clear()
+            heap.trim()
+
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most KV cache memory a job of this size can take (the worker's admission):
         `max_tokens` is its answer budget, already decided (inference/runtime/budget.py)."""
@@ -204,6 +211,8 @@ class Engine:
             if self.batch_invariant and not stream.prefilling:  # the answer's rows too
                 computed = stream.prompt_ids + stream.answer_ids
             self.prefixes.keep(computed, stream.cache)
+        if stream.cache is not None:
+            stream.cache.release()  # its buffer serves a later job (SpareBuffers)
         stream.cache = None
         heap.trim()  # the job's freed activations leave RSS now, not never
         return Generation(

@@ -27,6 +27,11 @@ from service.errors import Cancelled, Internal, Overloaded, ServiceError, Timeou
 log = logging.getLogger("deskchat.worker")
 
 IDLE_TICK_S = 1.0  # an idle thread still beats at least this often, for the watchdog
+# After this long with nothing running or waiting, the engine lets go of what it keeps for
+# the next job (Engine.idle: finished jobs' cache buffers). Longer than a person takes to
+# read an answer and ask the next question, so a conversation keeps them; a PC left alone
+# gets its memory back within the minute.
+IDLE_RELEASE_S = 60.0
 
 
 class Worker:
@@ -56,6 +61,7 @@ class Worker:
         self._batch = Batch(self._lock)  # the running jobs
         self.heartbeat = time.monotonic()  # last sign of progress: a step, or an idle tick
         self.idle_tick = IDLE_TICK_S  # the watchdog shortens it below its own period
+        self.idle_release_s = IDLE_RELEASE_S
         self._load: Callable[[], EngineLike] | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -225,6 +231,7 @@ class Worker:
             finally:
                 self._loaded.set()
         self._fit_batch()
+        idle_since = None  # when the batch last emptied
         try:
             while not self._stopping.is_set():
                 self.heartbeat = time.monotonic()
@@ -234,8 +241,12 @@ class Worker:
                 self._admit()
                 self._leave_if_stopped()
                 if not self._batch.entries:
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since >= self.idle_release_s:
+                        self.engine.idle()
                     self._wait_for_work()
                     continue
+                idle_since = None
                 if self.pace is not None:
                     self.pace(self.engine.last_forward)
                 self._step()

@@ -64,6 +64,10 @@ class FakeEngine:
         self.batch_sizes: list[int] = []  # streams per step
         self.last_forward: tuple[int, float] | None = None
         self.started = threading.Event()
+        self.idled = 0  # calls of idle(): the worker's long enough without work
+
+    def idle(self) -> None:
+        self.idled += 1
 
     def cache_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         return self.bytes_per_token * (prompt_tokens + max_tokens)

@@ -131,6 +131,29 @@ def test_a_prefix_that_ends_inside_a_block(engine_and_prompts):
     assert engine.reused_tokens == reusable(engine, shared)
 
 
+def test_a_kept_cache_buffer_answers_as_a_new_one(engine_and_prompts):
+    """A finished job's buffer serves the next job (kvcache.SpareBuffers) with whatever the
+    last one left in it, here poison: nothing past what the job itself wrote is read, with
+    the whole prompt computed or its prefix restored from the cache."""
+    engine, prompts = engine_and_prompts
+    spares = engine.decoder.spares
+    ids = prompts.encode(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[1]}]
+    )
+    spares.clear()
+    expected = fresh(engine, ids)  # into a new buffer, kept when the job ends
+    assert len(spares) == 1
+    for keep_prefix in (False, True):
+        kept = spares.buffers[0]
+        kept.fill_(float("nan"))
+        got = answer(engine, ids) if keep_prefix else fresh(engine, ids)
+        assert engine.reused_tokens == (reusable(engine, len(ids) - 1) if keep_prefix else 0)
+        assert spares.buffers[0].data_ptr() == kept.data_ptr()  # it served, and came back
+        assert got == expected
+    engine.idle()  # the worker's quiet while: the kept buffers go
+    assert len(spares) == 0
+
+
 def test_cached_prefixes_in_a_full_batch_with_speculation(engine_and_prompts):
     engine, prompts = engine_and_prompts
     if not engine.batch_invariant:

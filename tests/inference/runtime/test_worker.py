@@ -254,3 +254,19 @@ def test_the_thread_builds_its_own_engine_and_start_reports_failures():
     with pytest.raises(OSError, match="unreadable"):
         Worker(None, 2).start(broken)
     Worker(None, 2).stop()  # never started: stopping is still safe
+
+
+def test_the_engine_lets_go_of_its_spares_only_after_a_quiet_while(worker_for):
+    engine = FakeEngine(token_s=0.002)
+    worker = worker_for(engine)
+    worker.idle_tick, worker.idle_release_s = 0.02, 0.3
+    assert wait_until(lambda: engine.idled > 0, 5)  # nothing has run yet: idle at once
+    job = worker.submit(Job(ids("busy"), Sampling(max_tokens=400), timeout_s=30))
+    assert wait_until(lambda: worker.running == 1, 5)
+    idled = engine.idled
+    time.sleep(0.5)  # longer than the quiet while, but a job is running
+    assert engine.idled == idled
+    terminal_events(job)
+    ended = time.monotonic()
+    assert wait_until(lambda: engine.idled > idled, 5)
+    assert time.monotonic() - ended >= 0.3 - 0.05
