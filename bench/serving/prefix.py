@@ -2,8 +2,9 @@
 
 Three workloads, each on a server with the cache on (the default) and one with it off
 (`--no-prefix-cache`), started one after the other on the same model: (a) one tool sending
-the same long system prompt and tool list with 20 different questions; (b) one 12-exchange
-conversation, each request carrying the whole history; (c) fresh prompts that share
+the same long system prompt and tool list with 20 different questions; (b) a 12-exchange
+conversation, each request carrying the whole history, three times (`--chats`), each time
+another team's, each exchange's TTFT the median of the three; (c) fresh prompts that share
 nothing. With `--llama-server PATH`, (a) and (b) run a third time on llama-server at its
 defaults (its prompt cache on, as it ships) with the flags of bench/serving/llama_server.py.
 Every request is a streamed, greedy /v1/chat/completions from the same client
@@ -70,7 +71,7 @@ QUESTIONS = [
     )
 ]
 CHAT = [
-    "Let's plan the office move. What should we do first?",
+    "Let's plan the {team} team's office move. What should we do first?",
     "Who should we tell, and when?",
     "What about the printers?",
     "And the network?",
@@ -83,6 +84,8 @@ CHAT = [
     "Who checks that everything works?",
     "Summarize the plan in five lines.",
 ]
+# (b)'s conversations, one each: no chat finds another's turns in a cache
+TEAMS = ("accounts", "sales", "design", "support", "legal")
 FRESH = [
     "Write a haiku about Monday mornings.",
     "List three uses for a paperclip.",
@@ -157,12 +160,23 @@ def one_tool(url: str, max_tokens: int, questions: int = len(QUESTIONS)) -> dict
     return _summary(runs)
 
 
-def conversation(url: str, max_tokens: int, exchanges: int = len(CHAT)) -> dict:
+def conversation(url: str, max_tokens: int, exchanges: int = len(CHAT), chats: int = 3) -> dict:
+    """`chats` conversations one after another, each another team's. An exchange's TTFT is
+    its median over them: one request's moves up to 30 % between runs on these PCs."""
+    summaries = [chat(url, max_tokens, exchanges, team) for team in TEAMS[:chats]]
+    if failed := [s for s in summaries if "error" in s]:
+        return failed[0]
+    times = zip(*(s["ttft_ms"] for s in summaries), strict=True)
+    ttft = [statistics.median(each) for each in times]
+    return {"chats": summaries, **_ttft_summary(ttft)}
+
+
+def chat(url: str, max_tokens: int, exchanges: int, team: str) -> dict:
     """Each question with the whole history, the server's own answers in it."""
     messages: list[dict] = []
     runs = []
     for question in CHAT[:exchanges]:
-        messages.append({"role": "user", "content": question})
+        messages.append({"role": "user", "content": question.format(team=team)})
         run = ask(url, messages, max_tokens)
         runs.append(run)
         messages.append({"role": "assistant", "content": run.get("text", "")})
@@ -185,13 +199,18 @@ def _summary(runs: list[dict]) -> dict:
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {"error": "; ".join(errors[:3])}
-    ttft = [r["ttft_ms"] for r in runs]
     return {
-        "ttft_ms": [round(t, 1) for t in ttft],
         "server_ttft_ms": [r["timings"].get("ttft_ms") for r in runs],  # deskchat's own
         "prompt_tokens": [r["prompt_tokens"] for r in runs],
         "computed_tokens": [r["computed_tokens"] for r in runs],
         "completion_tokens": [r["tokens"] for r in runs],
+        **_ttft_summary([r["ttft_ms"] for r in runs]),
+    }
+
+
+def _ttft_summary(ttft: list[float]) -> dict:
+    return {
+        "ttft_ms": [round(t, 1) for t in ttft],
         "first_ttft_ms": round(ttft[0], 1),
         "rest_ttft_ms_median": round(statistics.median(ttft[1:]), 1) if ttft[1:] else None,
         "last_ttft_ms": round(ttft[-1], 1),
@@ -230,7 +249,7 @@ def run(args, log) -> dict:
         gguf = llama_server.ensure_gguf(model, cache_dir, args.llama_server, log)
     workloads = {
         "one_tool": lambda url: one_tool(url, args.max_tokens, args.questions),
-        "conversation": lambda url: conversation(url, args.max_tokens, args.exchanges),
+        "conversation": lambda url: conversation(url, args.max_tokens, args.exchanges, args.chats),
         "fresh": lambda url: fresh(url, args.max_tokens),
     }
     settings = dict(SETTINGS)
@@ -360,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=f"2..{len(items)}",
             help=f"{what}: the first N (fewer for a smoke run) [default: {len(items)}]",
         )
+    parser.add_argument(
+        "--chats",
+        type=int,
+        default=3,
+        choices=range(1, len(TEAMS) + 1),
+        metavar=f"1..{len(TEAMS)}",
+        help="(b)'s conversations, each exchange's TTFT the median over them [default: 3]",
+    )
     parser.add_argument(
         "--cache-dir", default=None, help="models and GGUFs [default: the server's cache dir]"
     )

@@ -56,7 +56,7 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
         [
             *("--model", str(model), "--cache-dir", str(tmp_path / "cache")),
             *("--llama-server", str(server), "--prefix-cache-mb", "64"),
-            *("--questions", "3", "--exchanges", "2", "--max-tokens", "4"),
+            *("--questions", "3", "--exchanges", "2", "--chats", "2", "--max-tokens", "4"),
         ]
     )
     report = prefix.run(args, log=lambda _t: None)
@@ -70,7 +70,9 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
         tool, chat = results["one_tool"], results["conversation"]
         assert "error" not in tool and "error" not in chat, name
         assert len(tool["ttft_ms"]) == 3 and len(chat["ttft_ms"]) == 2
-        assert chat["completion_tokens"] == [4, 4]  # the servers' usage
+        assert [c["completion_tokens"] for c in chat["chats"]] == [[4, 4]] * 2  # their usage
+        for i, ttft in enumerate(chat["ttft_ms"]):  # each exchange's median over the chats
+            assert ttft == pytest.approx(sum(c["ttft_ms"][i] for c in chat["chats"]) / 2, abs=0.1)
         assert math.isfinite(results["vmhwm_mb"]) and results["vmhwm_mb"] > 0
     # what each server computed: llama-server's timings; neither fake has deskchat's cache
     assert (
@@ -78,7 +80,7 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
         == (settings[prefix.LLAMA]["one_tool"]["prompt_tokens"])
     )
     assert settings[prefix.DESKCHAT_OFF]["one_tool"]["computed_tokens"] == [None] * 3
-    llama_chat = settings[prefix.LLAMA]["conversation"]["prompt_tokens"]
+    llama_chat = settings[prefix.LLAMA]["conversation"]["chats"][0]["prompt_tokens"]
     assert llama_chat[1] > llama_chat[0]  # the history resent (the fake counts its characters)
 
     # llama-server got the bodies deskchat got: streamed /v1, greedy, (a) with the tools
@@ -86,12 +88,15 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     sent = [json.loads(line) for line in (server.parent.parent.parent / "requests.log").open()]
     assert {r["path"] for r in sent} == {"/v1/chat/completions"}
     assert all(r["body"]["stream"] and r["body"]["temperature"] == 0 for r in sent)
-    warm, *tool, first, second = sent
+    warm, *tool, first, second, other, _ = sent
     assert "tools" not in warm["body"] and len(tool) == 3
     assert all(r["body"]["tools"] == prefix.TOOLS for r in tool)
     assert tool[0]["body"]["tools"][0]["type"] == "function"
     assert [m["role"] for m in second["body"]["messages"]] == ["user", "assistant", "user"]
     assert second["body"]["messages"][1]["content"] == "w0 w1 w2 w3 "
+    # each chat another team's, so none finds another's turns in a cache
+    assert "accounts team" in first["body"]["messages"][0]["content"]
+    assert "sales team" in other["body"]["messages"][0]["content"]
 
     assert set(report["ratios"]) == {
         "one_tool.first_ttft_ms",
