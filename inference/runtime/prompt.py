@@ -162,39 +162,54 @@ class PromptBuilder:
         return value
 
     def _ids(self, rendered: str, marks: dict[str, str]) -> list[int]:  # with the lock held
-        ids: list[int] = []
+        texts: list[str] = []  # the text before each control token, and after the last
+        controls: list[int] = []
         text: list[str] = []
         for piece in self._splitter.split(rendered):
             if piece in marks:
                 text.append(marks[piece])
             elif piece in self._controls:
-                ids += self._plain("".join(text))
-                ids.append(self._controls[piece])
+                texts.append("".join(text))
+                controls.append(self._controls[piece])
                 text = []
             else:
                 text.append(piece)
-        return ids + self._plain("".join(text))
+        texts.append("".join(text))
+        ids: list[int] = []
+        for part, control in zip(self._plain(texts), [*controls, None], strict=True):
+            ids += part
+            if control is not None:
+                ids.append(control)
+        return ids
 
-    def _plain(self, text: str) -> list[int]:
-        """Ids of `text` with every special token's name read as characters. transformers
-        sets the Rust tokenizer's flag for that per call and leaves it set; it is put back
-        here, under the lock, for whoever encodes next (the grammar tokenizer's build).
-        Decoding, in the worker, does not read it."""
-        if not text:
-            return []
+    def _plain(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text with every special token's name read as characters, all in one
+        call: a conversation's turns are ~50 texts between control tokens, and a call each
+        cost ~50 us of transformers' overhead (2.8 ms for 24 messages). transformers sets
+        the Rust tokenizer's flag for that per call and leaves it set; it is put back here,
+        under the lock, for whoever encodes next (the grammar tokenizer's build). Decoding,
+        in the worker, does not read it."""
+        given = [t for t in texts if t]
+        if not given:
+            return [[] for _ in texts]
         try:
-            return self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            encoded = iter(
+                self._tokenizer(given, add_special_tokens=False, split_special_tokens=True)[
+                    "input_ids"
+                ]
+            )
         finally:
             backend = getattr(self._tokenizer, "backend_tokenizer", None)
             if backend is not None:
                 backend.encode_special_tokens = getattr(
                     self._tokenizer, "split_special_tokens", False
                 )
+        return [next(encoded) if t else [] for t in texts]
 
     def encode_text(self, text: str) -> list[int]:
         """Plain text's ids, no template: control tokens' names read as characters."""
         with self._lock:
-            return self._plain(text)
+            return self._plain([text])[0]
 
     def encode_raw(self, text: str) -> list[int]:
         """Token ids of a prompt written whole by the client, template included (Ollama's
