@@ -43,14 +43,14 @@ class Worker:
         max_queue: int,
         max_batch: int = 1,
         batch_memory: int | None = None,
-        pace: Callable[[tuple[int, float] | None], None] | None = None,
+        pace: Callable[[tuple[int, float] | None, bool], None] | None = None,
     ):
         self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
         self.max_batch = max_batch
         self.batch_memory = batch_memory  # bytes of KV cache for all running jobs; None: any
-        # Called in the thread before each step with the engine's last forward
-        # (inference/host/threads.py: the thread count).
+        # Called in the thread before each step with the engine's last forward and whether
+        # the step gives a job its first token (inference/host/threads.py: the thread count).
         self.pace = pace
         # The FIFO of waiting jobs. One lock guards it and the batch: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.
@@ -248,7 +248,8 @@ class Worker:
                     continue
                 idle_since = None
                 if self.pace is not None:
-                    self.pace(self.engine.last_forward)
+                    waiting = any(e.stream.completion_tokens == 0 for e in self._batch.entries)
+                    self.pace(self.engine.last_forward, waiting)
                 self._step()
         except BaseException:  # the thread is going down: every job still gets its end
             self._stopping.set()  # refuse new jobs before the thread is gone for good

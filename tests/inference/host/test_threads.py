@@ -104,6 +104,27 @@ def test_a_prompts_big_chunks_run_on_every_thread_and_end_a_probe():
     assert quiet.governor.changes == 0
 
 
+def test_a_first_tokens_step_is_never_a_probes():
+    """A request waiting for its answer to begin runs on the serving count; the probe it
+    interrupts begins again after it, its wake-up step not counted."""
+    s = Scripted({2: 1 / 64, 1: 1 / 32})  # exact in binary: the probe is due at step 129
+    last = [None]
+
+    def step(first_token: bool) -> int:
+        """The worker's order: a tick saying what the step gives, then the step."""
+        s.governor.tick(last[0], first_token)
+        ran = s.running
+        s.now += s.step_s[ran]
+        last[0] = (1, s.step_s[ran])
+        return ran
+
+    assert {step(False) for _ in range(int(threads.PROBE_S * 64))} == {2}  # then it is due
+    assert [step(f) for f in (True, False, False, True, False)] == [2, 1, 1, 2, 1]
+    steps = [step(False) for _ in range(threads.PROBE_STEPS)]
+    assert steps == [1] * (threads.PROBE_STEPS - 1) + [2]  # a whole probe after the last
+    assert s.governor.threads == 2 and s.governor.changes == 0
+
+
 def test_idle_time_does_not_bring_a_probe():
     s = Scripted({2: 0.010, 1: 0.017})
     s.steps(int(threads.PROBE_S / 0.010) - 5)
@@ -122,12 +143,13 @@ def test_the_worker_paces_every_step(worker_for):
     engine = FakeEngine(token_s=0.001)
     worker = worker_for(engine)
     paced = []
-    worker.pace = lambda last: paced.append((len(engine.batch_sizes), last))
+    worker.pace = lambda last, first: paced.append((len(engine.batch_sizes), last, first))
     jobs = [worker.submit(Job(ids(f"p{i}"), Sampling(max_tokens=5), 30)) for i in range(3)]
     assert all(isinstance(terminal_events(j)[1], Done) for j in jobs)
-    assert [n for n, _last in paced] == list(range(len(engine.batch_sizes)))  # before each
+    assert [n for n, _last, _first in paced] == list(range(len(engine.batch_sizes)))  # each
     rows, seconds = paced[-1][1]  # with the forward of the step before
     assert rows == engine.batch_sizes[-2] and seconds >= 0.001
+    assert paced[0][2] and not paced[-1][2]  # the first step gives a first token, the last not
 
 
 def test_the_policy_adapts_only_where_the_answer_cannot_change(caplog):
