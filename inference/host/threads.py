@@ -20,9 +20,9 @@ Xeon VM, alone).
 
 A step that computes a request's first token (its prompt's rows) is never a probe's: it
 runs on the serving count, and a probe it interrupts starts again after it. A person waiting
-for an answer to begin should not wait for a measurement: a probe's one-thread step of a
-conversation's next question (~20 prompt rows over 575 cached tokens, the embedded model)
-took 54 ms where its neighbours took 35-40.
+for an answer to begin should not wait for a measurement (on a quiet PC a probe's steps are
+the slower ones); single slow exchanges of a conversation (54 ms where their neighbours took
+35-40, the embedded model) were a reason to suspect probes, not measured to be them.
 
 The count changes between steps only, and only where the answer cannot change with it
 (THREAD_INVARIANT).
