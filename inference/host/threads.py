@@ -18,8 +18,9 @@ prompt on the Qwen2.5-1.5B shape waited 29.0 s in one round; with this rule 16.6
 four (`python -m bench --versus-server --model qwen-shape-1.5b --rounds 2`, 2026-12-03, 2-core
 Xeon VM, alone).
 
-A step that computes a request's first token (its prompt's rows) is never a probe's: it
-runs on the serving count, and a probe it interrupts starts again after it. A person waiting
+While a request waits for its first token (its prompt's steps, and any step beside them),
+no step is a probe's: they run on the serving count (on every thread after a chunk of
+LARGE_ROWS), and a probe they interrupt starts again after them. A person waiting
 for an answer to begin should not wait for a measurement (on a quiet PC a probe's steps are
 the slower ones); single slow exchanges of a conversation (54 ms where their neighbours took
 35-40, the embedded model) were a reason to suspect probes, not measured to be them.
@@ -94,7 +95,7 @@ class ThreadGovernor:
         self._first_token = False  # whether the step now running gives a first token
 
     def tick(self, last: Forward | None, first_token: bool = False) -> None:
-        """`first_token`: the next step gives a request its first token."""
+        """`first_token`: a request running in the next step has no token yet."""
         if last is None:
             return
         now = self._clock()

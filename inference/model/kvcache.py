@@ -7,9 +7,9 @@ copy per doubling, amortized), in steps of GROW_TOKENS, never past the job's own
 
 A finished job's buffer may go to the engine's spares (SpareBuffers) for the next job: its
 pages are then already the process's. A fresh buffer's pages fault in as the job first
-writes them, ~1.5 us a page on the 2-core Xeon VM: a 601-token conversation restored from
-the prefix cache took 6.5 ms to copy into a fresh buffer (3,487 page faults), 2.5 ms into a
-reused one (none), on the way to its first token.
+writes them, ~1.9 us a page on a 2-core build VM (2026-12-03): a 601-token conversation
+restored from the prefix cache took 6.5 ms to copy into a fresh buffer (3,487 page faults),
+2.5 ms into a reused one (none), on the way to its first token.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class SpareBuffers:
     holds at most twice its room, and a conversation's next question, a little longer than
     the last, still fits the last one's buffer. When none fits, every kept buffer is let go
     before a fresh one is made, so idle spares never sit beside a new allocation. The worker
-    lets them all go when it has been idle a while (`clear`), and none is kept while the PC
-    is short of memory."""
+    lets them all go when it has been idle a while (`clear`); while the PC is short of memory
+    none is kept and a need lets the kept ones go."""
 
     def __init__(self, memory_is_short=heap.memory_is_short):
         self._kept: list[torch.Tensor] = []
@@ -45,6 +45,8 @@ class SpareBuffers:
 
     def take(self, numel: int, dtype) -> torch.Tensor:
         """A flat buffer of at least `numel` elements: a kept one of the size class, else new."""
+        if self._kept and self._memory_is_short():
+            self.clear()
         size = _size_class(numel * torch.empty((), dtype=dtype).element_size())
         for i, kept in enumerate(self._kept):
             if kept.dtype == dtype and kept.numel() * kept.element_size() == size:

@@ -912,7 +912,8 @@ static v8f scores8(const float *q, const uint16_t *keys, int count, int d) {
  * query at q + h * d, its scores at out + h * stride): the same sums in the same order as
  * scores8's, but each key's float16 is converted once for all H heads, and four keys at a
  * time: the H x 4 chains of adds overlap (one key's chain alone waits out each add's
- * latency) and stay in registers. */
+ * latency). With 16 registers (AVX2 and older) some sums spill to the stack; measured only
+ * on an AVX-512 build, which has 32. */
 static inline __attribute__((always_inline)) void
 scores_block(const float *q, const int H, const uint16_t *keys, int d, float scaling,
              float *out, size_t stride) {
@@ -939,13 +940,13 @@ scores_block(const float *q, const int H, const uint16_t *keys, int d, float sca
  * one key head (H <= 3; the scores of head h at p + h * stride, its output at o + h * d).
  * Each p * v is rounded, then added (-ffp-contract=off): every lane sums its products in key
  * order, so the bits are the same however lanes and heads are grouped. WEIGH x 8 lanes of
- * the H heads at a time, so each value is converted from float16 once for all H and the
- * H x WEIGH sums stay in registers (AVX-512 builds take 64 lanes rather than 32: on the
- * conversation measured at attend, its extra time fell from 7.4 to 6.1 ms so). */
+ * the H heads at a time, so each value is converted from float16 once for all H (AVX-512
+ * builds, 32 registers, take 64 lanes rather than 32: on the conversation measured at
+ * attend, its extra time fell from 7.4 to 6.1 ms so). */
 #if defined(__AVX512VL__)
-#define WEIGH 8 /* vectors of lanes per pass: 3 heads x 8 sums fit AVX-512's 32 registers */
+#define WEIGH 8 /* vectors of lanes per pass */
 #else
-#define WEIGH 4 /* AVX2 and older have 16 */
+#define WEIGH 4 /* AVX2 and older: 16 registers */
 #endif
 static inline __attribute__((always_inline)) void
 weigh_values(const float *p, size_t stride, const int H, const uint16_t *values, int n, int d,
@@ -978,7 +979,7 @@ weigh_values(const float *p, size_t stride, const int H, const uint16_t *values,
 
 /* One (row, key head): for each query head h of its group, softmax(q_h . k_j * scaling)
  * over j <= the row's position, times v, up to 3 heads at a time (each float16 key and value
- * converted once for them; more heads' sums would not stay in AVX2's 16 registers). Keys go
+ * converted once for them; more heads at once would hold more sums than registers). Keys go
  * in blocks of 8, the last one padded with zero lanes: a row's bits depend on its position
  * alone. Measured on the embedded model (the engine alone, 2 threads, an AVX-512 Zen 4 EPYC
  * VM, medians of 5 runs side by side): a 12-exchange conversation's last question (~20

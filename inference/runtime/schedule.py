@@ -67,7 +67,7 @@ class PromptLookup:
 
     def extend(self, tokens: list[int]) -> None:
         """Append tokens, indexing the n-grams that end just before each: for each n, one
-        dict update from n shifted slices (a 595-token prompt: 0.1 ms, not 0.6 ms a token at
+        dict update from n shifted slices (a 595-token prompt: 0.18 ms, not 0.6 ms a token at
         a time), later positions overwriting earlier ones as they come."""
         history = self.history
         start = len(history)

@@ -1,7 +1,7 @@
 """Cache buffers kept for the next job (SpareBuffers): a finished job's buffer serves a later
 one of its size class, a conversation's next, longer question included; a need of another
-class lets every kept buffer go first; none is kept while memory is short; a cache without
-spares allocates its own as before."""
+class lets every kept buffer go first; while memory is short none is kept and a need lets the
+kept ones go; a cache without spares allocates its own as before."""
 
 from __future__ import annotations
 
@@ -56,8 +56,13 @@ def test_nothing_is_kept_while_memory_is_short():
     job(spares, 100).release()
     assert len(spares) == 0
     short[0] = False
-    job(spares, 100).release()
-    assert len(spares) == 1
+    first, second = job(spares, 100), job(spares, 100)
+    first.release()
+    second.release()
+    assert len(spares) == 2
+    short[0] = True  # memory ran short while they were kept: the next need lets them all go
+    job(spares, 100)
+    assert len(spares) == 0
 
 
 def test_a_growing_cache_keeps_its_positions_and_only_finished_buffers_are_kept():
