@@ -47,7 +47,7 @@ class SpareBuffers:
         """A flat buffer of at least `numel` elements: a kept one of the size class, else new."""
         if self._kept and self._memory_is_short():
             self.clear()
-        size = _size_class(numel * torch.empty((), dtype=dtype).element_size())
+        size = _size_class(numel * dtype.itemsize)
         for i, kept in enumerate(self._kept):
             if kept.dtype == dtype and kept.numel() * kept.element_size() == size:
                 return self._kept.pop(i)
@@ -55,7 +55,7 @@ class SpareBuffers:
         # A normal tensor, also when a step (in inference mode) grows a cache: a later job
         # may take it outside inference mode, where an inference tensor cannot be written.
         with torch.inference_mode(False):
-            return torch.empty(size // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
+            return torch.empty(size // dtype.itemsize, dtype=dtype)
 
     def give(self, buffer: torch.Tensor) -> None:
         """Keep a finished job's flat buffer (from `take`) for a later one."""

@@ -189,22 +189,16 @@ class PromptBuilder:
         the Rust tokenizer's flag for that per call and leaves it set; it is put back here,
         under the lock, for whoever encodes next (the grammar tokenizer's build). Decoding,
         in the worker, does not read it."""
-        given = [t for t in texts if t]
-        if not given:
-            return [[] for _ in texts]
         try:
-            encoded = iter(
-                self._tokenizer(given, add_special_tokens=False, split_special_tokens=True)[
-                    "input_ids"
-                ]
-            )
+            return self._tokenizer(texts, add_special_tokens=False, split_special_tokens=True)[
+                "input_ids"
+            ]  # an empty text's ids are []
         finally:
             backend = getattr(self._tokenizer, "backend_tokenizer", None)
             if backend is not None:
                 backend.encode_special_tokens = getattr(
                     self._tokenizer, "split_special_tokens", False
                 )
-        return [next(encoded) if t else [] for t in texts]
 
     def encode_text(self, text: str) -> list[int]:
         """Plain text's ids, no template: control tokens' names read as characters."""
