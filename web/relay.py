@@ -76,6 +76,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         presence_penalty=chat_request.presence_penalty,
         logprobs=chat_request.logprobs,
         top_logprobs=chat_request.top_logprobs,
+        logit_bias=_logit_bias(chat_request.logit_bias, runtime),
         **runtime.defaults.fill(
             temperature=chat_request.temperature,
             top_p=chat_request.top_p,
@@ -96,6 +97,18 @@ def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:
         return runtime.prompts.encode_raw(chat_request.raw)
     functions = chat_request.tools.functions if chat_request.tools else None
     return runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
+
+
+def _logit_bias(bias: tuple, runtime: Runtime) -> tuple:
+    """The bias, each token id checked against the tokenizer's (as /detokenize checks)."""
+    vocabulary = runtime.prompts.with_tokenizer(len) if bias else 0
+    for token, _ in bias:
+        if token >= vocabulary:
+            raise InvalidRequest(
+                f"'logit_bias' names token {token}; this model's ids are 0 to {vocabulary - 1}",
+                param="logit_bias",
+            )
+    return bias
 
 
 def _grammar(chat_request: ChatRequest, runtime: Runtime) -> Grammar | None:

@@ -70,9 +70,11 @@ def verify(stream, rows: torch.Tensor, draft: list[int], eos_ids: set[int], piec
 
 def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
     """Pick the stream's next token from its logits and decide whether it is done. The
-    penalties and the grammar's mask change `scores` first; logprobs are of what they
-    left, before temperature and the top_k/top_p/min_p cuts (a greedy and a sampled
-    request report the same numbers)."""
+    logit bias, the penalties and the grammar's mask change `scores` first; logprobs are of
+    what they left, before temperature and the top_k/top_p/min_p cuts (a greedy and a
+    sampled request report the same numbers)."""
+    if stream.bias is not None:
+        stream.bias.apply_(scores)
     if stream.penalties is not None:
         stream.penalties.apply_(scores)
     if stream.constraint is not None:

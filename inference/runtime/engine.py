@@ -53,6 +53,7 @@ class Stream:
         self.drafted = self.accepted = 0  # tokens proposed by drafts, and taken from them
         self.steps = 0  # forwards that gave it at least one token
         self.constraint = sampling.grammar.constraint() if sampling.grammar else None
+        self.bias = sampler.LogitBias.of(sampling)
         self.penalties = sampler.Penalties.of(prompt_ids, sampling)
         self.reused = cache.length if cache else 0  # prompt tokens from the prefix cache
         self.prefilled = self.reused  # prompt tokens in the cache so far

@@ -32,6 +32,7 @@ class Sampling:
     presence_penalty: float = 0.0  # OpenAI's, on answer tokens, once
     logprobs: bool = False  # each answer token's log-probability
     top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, amount added to its logit)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,23 @@ def logprobs(scores: torch.Tensor, token: int, alternatives: int) -> tuple[float
     return chosen if math.isfinite(chosen) else NO_CHANCE, best
 
 
+class LogitBias:
+    """A request's `logit_bias` (OpenAI): a fixed amount added to chosen tokens' logits,
+    first, before the penalties, as llama.cpp and vLLM do. +100 keeps the picks among the
+    tokens so raised; -100 all but bans one (an addition, not a mask: OpenAI's word)."""
+
+    def __init__(self, bias: tuple[tuple[int, float], ...]):
+        self.ids = torch.tensor([token for token, _ in bias], dtype=torch.long)
+        self.amounts = torch.tensor([amount for _, amount in bias], dtype=torch.float32)
+
+    @classmethod
+    def of(cls, sampling) -> LogitBias | None:
+        return cls(sampling.logit_bias) if sampling.logit_bias else None
+
+    def apply_(self, logits: torch.Tensor) -> None:
+        logits[self.ids] += self.amounts.to(logits.dtype)
+
+
 class Penalties:
     """One stream's penalties, applied in place to each row of logits before the pick:
     repetition (transformers/vLLM: a seen token's logit divided by it if positive, else

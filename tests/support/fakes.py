@@ -123,11 +123,21 @@ def fake_logprob(piece: str, alternatives: int) -> TokenLogprob:
     return entry(piece, -0.5, top)
 
 
+class CodePoints:
+    """FakePrompts' tokenizer: every Unicode code point is a token id."""
+
+    def __len__(self) -> int:
+        return 0x110000
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
 class FakePrompts(PromptBuilder):
     """Encodes a chat as the code points of the last message: readable ids for FIFO checks."""
 
     def __init__(self, context_tokens: int = 4096, max_prompt_tokens: int | None = None):
-        super().__init__(None, context_tokens, max_prompt_tokens)
+        super().__init__(CodePoints(), context_tokens, max_prompt_tokens)
 
     def encode(self, messages, system=None, tools=None):
         return [ord(c) for c in messages[-1]["content"]]

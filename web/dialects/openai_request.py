@@ -27,7 +27,6 @@ ROLES = {
 # Fields we take no action on, and the values under which that is exactly what OpenAI does.
 NO_OPS: dict[str, tuple] = {
     "n": (None, 1),
-    "logit_bias": (None, {}),
     "functions": (None, []),  # the deprecated form of `tools`
     "function_call": (None, "none", "auto"),
     "modalities": (None, ["text"]),
@@ -49,7 +48,7 @@ CALL_ECHOES = {"index"}
 FUNCTION_ECHOES = {"parsed_arguments"}
 IMPLEMENTED = {
     *("messages", "model", "max_tokens", "max_completion_tokens"),
-    *("stop", "stream", "stream_options", "response_format"),
+    *("stop", "stream", "stream_options", "response_format", "logit_bias"),
     *("tools", "tool_choice", "parallel_tool_calls"),
     *validation.SAMPLING_FIELDS,
 }
@@ -210,6 +209,37 @@ def _response_format(value) -> validation.JsonSchema | None:
     )
 
 
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to an amount from -100 to 100 added to that
+    token's logit, as (id, amount) pairs in id order. Whether each id is the model's is
+    checked where the vocabulary is known (web/relay.py)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            "'logit_bias' must be an object of token ids to numbers from -100 to 100",
+            param="logit_bias",
+        )
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10):
+            raise InvalidRequest(
+                f'\'logit_bias\' keys are token ids ("0", "15043", ...), got {key[:20]!r}',
+                param="logit_bias",
+            )
+        token = int(key)
+        if token in bias:
+            raise InvalidRequest(f"'logit_bias' names token {token} twice", param="logit_bias")
+        number = isinstance(amount, int | float) and not isinstance(amount, bool)
+        if not number or not -100 <= amount <= 100:  # NaN fails the range too
+            raise InvalidRequest(
+                f"'logit_bias' of token {token} must be a number from -100 to 100",
+                param="logit_bias",
+            )
+        bias[token] = float(amount)
+    return tuple(sorted(bias.items()))
+
+
 def parse_completion_request(body) -> tuple[ChatRequest, bool]:
     """The checked request, and whether a stream should end with a usage chunk."""
     body = validation.known_fields(body, IMPLEMENTED | set(NO_OPS))
@@ -236,6 +266,7 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
         stop=validation.stop(body),
         json=schema,
         tools=tool_use,
+        logit_bias=_logit_bias(body.get("logit_bias")),
         **validation.sampling(body),  # left out: the served defaults, as on /chat
     )
     return chat_request, include_usage

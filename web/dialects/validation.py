@@ -72,6 +72,7 @@ class ChatRequest:
     presence_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, amount) in id order
     stream: bool = False
     stop: tuple[str, ...] = ()
     seed: int | None = None

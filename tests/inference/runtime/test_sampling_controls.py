@@ -124,6 +124,34 @@ def test_a_stop_string_cuts_the_text_inside_the_entries(engines, greedy_answer):
     assert spelled.startswith(cut) and stop in spelled  # up to the token that held the stop
 
 
+# -- logit_bias --------------------------------------------------------------------------------
+
+
+def test_a_bias_of_minus_100_on_the_best_token_picks_the_runner_up(engines, greedy_answer):
+    """The bias comes before the pick and before logprobs: the first token is greedy's
+    second choice, reported as the biased row's best, more likely than unbiased (the best's
+    share has gone to the rest)."""
+    _, plain, _ = engines
+    ids, _, tokens, entries = greedy_answer
+    runner_up = entries[0].top[1]
+    bias = ((tokens[0], -100.0),)
+    sampling = Sampling(max_tokens=1, logit_bias=bias, logprobs=True, top_logprobs=2)
+    _, picked, biased = stepped(plain, ids, sampling)
+    assert picked[0] != tokens[0]
+    assert biased[0].token == biased[0].top[0].token == runner_up.token
+    assert biased[0].logprob > runner_up.logprob
+
+
+def test_a_bias_of_plus_100_keeps_every_pick_among_the_raised_tokens(engines):
+    _, plain, prompts = engines
+    raised = {prompts.encode_text(word)[0] for word in (" red", " green", " blue")}
+    assert len(raised) == 3
+    sampling = Sampling(max_tokens=12, logit_bias=tuple((t, 100.0) for t in sorted(raised)))
+    text, tokens, _ = stepped(plain, encode(prompts, QUESTION), sampling)
+    assert len(tokens) == 12 and set(tokens) <= raised  # never the end-of-text token
+    assert set(text.split()) <= {"red", "green", "blue"}
+
+
 # -- the haiku loop ---------------------------------------------------------------------------
 
 

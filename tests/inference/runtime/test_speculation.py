@@ -192,6 +192,24 @@ def test_penalised_answers_are_the_same_alone_and_side_by_side(engines):
     assert side_by_side(engine, jobs) == alone
 
 
+def test_a_biased_answer_is_the_same_with_drafts_alone_and_side_by_side(engines):
+    """logit_bias moves every pick, a drafted row's too: verifying a draft must see it.
+    The bias bans (-100) words each greedy answer has (all three begin "The") and raises
+    (+3) one of the prompts' words."""
+    engine, plain, prompts = engines
+    banned = {prompts.encode_text(word)[0] for word in ("The", " the", " a")}
+    raised = prompts.encode_text(" printer")[0]
+    bias = tuple(sorted([*((t, -100.0) for t in banned), (raised, 3.0)]))
+    jobs = [(encode(prompts, q), Sampling(max_tokens=64, logit_bias=bias)) for q in GROUNDED[:3]]
+    before = engine.accepted_tokens
+    alone = [side_by_side(plain, [job])[0] for job in jobs]
+    assert [side_by_side(engine, [job])[0] for job in jobs] == alone
+    assert engine.accepted_tokens > before  # drafts were taken: the test saw verified rows
+    assert side_by_side(engine, jobs) == alone
+    unbiased = [side_by_side(plain, [(ids, Sampling(max_tokens=64))])[0] for ids, _ in jobs]
+    assert all(a != b for a, b in zip(alone, unbiased, strict=True))  # each answer moved
+
+
 def test_seeded_sampling_gives_the_same_text_with_and_without_drafts(engines):
     engine, plain, prompts = engines
     ids = encode(prompts, GROUNDED[1])

@@ -192,3 +192,65 @@ def test_the_official_client_reads_logprobs_streamed_and_not(embedded_server):
         for entry in chunk.choices[0].logprobs.content
     ]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [[1, 5]],  # llama-server's list form: OpenAI's is an object
+        {"hello": 5},
+        {"-1": 5},
+        {"": 5},
+        {"1.0": 5},
+        {"9" * 5000: 5},  # past what int() reads: a 400, not a 500
+        {"1": 100.5},
+        {"1": -101},
+        {"1": "5"},
+        {"1": True},
+        {"1": None},
+        {"7": 1, "07": 2},  # one token twice
+        {str(0x110000): 1},  # past the (fake) tokenizer's ids
+    ],
+)
+def test_logit_bias_outside_openais_shape_is_400(fake_server, value):
+    server = fake_server(FakeEngine(token_s=0.0))
+    reply = post(server, "/v1/chat/completions", {"logit_bias": value})
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert "'logit_bias'" in error["message"] and error["param"] == "logit_bias"
+    assert server.engine.ran == []
+
+
+def test_logit_bias_reaches_the_engine_in_token_order(fake_server):
+    server = fake_server(FakeEngine(token_s=0.0))
+    bias = {"7": 5, "3": -100, "1114111": 0.25}
+    assert post(server, "/v1/chat/completions", {"logit_bias": bias, "max_tokens": 1}).status == 200
+    assert server.engine.samplings[-1].logit_bias == ((3, -100.0), (7, 5.0), (1114111, 0.25))
+    assert post(server, "/v1/chat/completions", {"logit_bias": {}, "max_tokens": 1}).status == 200
+    assert server.engine.samplings[-1].logit_bias == ()
+    reply = post(server, "/chat", {"logit_bias": bias})  # OpenAI's field, not /chat's
+    assert reply.status == 400 and "logit_bias" in reply.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_official_client_biases_the_real_model(embedded_server):
+    """The openai package's own `logit_bias` (ids from /tokenize): +100 on three words
+    keeps the answer to them, through the real server and model, streamed or not."""
+    import openai
+
+    words = (" red", " green", " blue")
+    ids = [request(embedded_server.url, "POST", "/tokenize", {"prompt": w}) for w in words]
+    bias = {reply.json()["tokens"][0]: 100 for reply in ids}
+    api = openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key="unused")
+    ask = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logit_bias": bias,
+    }
+    reply = api.chat.completions.create(**ask)
+    text = reply.choices[0].message.content
+    assert reply.usage.completion_tokens == 8 and set(text.split()) <= {"red", "green", "blue"}
+    chunks = api.chat.completions.create(**ask, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
