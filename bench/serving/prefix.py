@@ -5,8 +5,11 @@ Three workloads, each on a server with the cache on (the default) and one with i
 the same long system prompt and tool list with 20 different questions; (b) a 12-exchange
 conversation, each request carrying the whole history, three times (`--chats`), each time
 another team's, each exchange's TTFT the median of the three; (c) fresh prompts that share
-nothing. With `--llama-server PATH`, (a) and (b) run a third time on llama-server at its
-defaults (its prompt cache on, as it ships) with the flags of bench/serving/llama_server.py.
+nothing. On the random-weight shapes (b)'s answers are whole words (`--word-answers`:
+`logit_bias`, the same on both servers), so that, resent, they read back as the tokens the
+server wrote, as a trained model's do. With `--llama-server PATH`, (a) and (b) run a third
+time on llama-server at its defaults (its prompt cache on, as it ships) with the flags of
+bench/serving/llama_server.py.
 Every request is a streamed, greedy /v1/chat/completions from the same client
 (bench/serving/http_client.py's openai_once), after one warm-up request per server; its
 TTFT is the time to the first chunk that carries text or a tool call's piece. Reported:
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -30,7 +34,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.launcher import Process, Server, Setting
-from bench.models import MODEL_HELP, resolve_model
+from bench.models import MODEL_HELP, SHAPES, resolve_model
 from bench.peer_llamacpp import PeerMissing
 from bench.qwen_shape import FixtureMissing
 from bench.serving import llama_server
@@ -160,10 +164,12 @@ def one_tool(url: str, max_tokens: int, questions: int = len(QUESTIONS)) -> dict
     return _summary(runs)
 
 
-def conversation(url: str, max_tokens: int, exchanges: int = len(CHAT), chats: int = 3) -> dict:
+def conversation(
+    url: str, max_tokens: int, exchanges: int = len(CHAT), chats: int = 3, **fields
+) -> dict:
     """`chats` conversations one after another, each another team's. An exchange's TTFT is
     its median over them: one request's moves up to 30 % between runs on these PCs."""
-    summaries = [chat(url, max_tokens, exchanges, team) for team in TEAMS[:chats]]
+    summaries = [chat(url, max_tokens, exchanges, team, **fields) for team in TEAMS[:chats]]
     if failed := [s for s in summaries if "error" in s]:
         return failed[0]
     times = zip(*(s["ttft_ms"] for s in summaries), strict=True)
@@ -171,16 +177,34 @@ def conversation(url: str, max_tokens: int, exchanges: int = len(CHAT), chats: i
     return {"chats": summaries, **_ttft_summary(ttft)}
 
 
-def chat(url: str, max_tokens: int, exchanges: int, team: str) -> dict:
+def chat(url: str, max_tokens: int, exchanges: int, team: str, **fields) -> dict:
     """Each question with the whole history, the server's own answers in it."""
     messages: list[dict] = []
     runs = []
     for question in CHAT[:exchanges]:
         messages.append({"role": "user", "content": question.format(team=team)})
-        run = ask(url, messages, max_tokens)
+        run = ask(url, messages, max_tokens, **fields)
         runs.append(run)
         messages.append({"role": "assistant", "content": run.get("text", "")})
     return _summary(runs)
+
+
+WORDS = 200  # the whole words --word-answers raises
+
+
+def word_bias(model: Path, count: int = WORDS) -> dict[str, int]:
+    """`logit_bias` of +100 on the tokenizer's first `count` tokens that are a space and a
+    lowercase word of 3-8 letters and read back as themselves. A sequence of them decodes to
+    text that encodes to the same tokens, as a trained model's answers mostly do; random
+    weights' answers do not, so a conversation resending them computed each answer again
+    (on the 0.5B shape, 36-52 tokens an exchange where the embedded model's took 15-21)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    words = sorted(i for t, i in tokenizer.get_vocab().items() if re.fullmatch("Ġ[a-z]{3,8}", t))
+    bare = partial(tokenizer.encode, add_special_tokens=False)
+    itself = [i for i in words if bare(tokenizer.decode([i])).ids == [i]]
+    return {str(i): 100 for i in itself[:count]}
 
 
 def fresh(url: str, max_tokens: int) -> dict:
@@ -247,9 +271,13 @@ def run(args, log) -> dict:
     gguf = None
     if args.llama_server:  # converted before any server starts: a missing tool fails first
         gguf = llama_server.ensure_gguf(model, cache_dir, args.llama_server, log)
+    word_answers = args.model in SHAPES if args.word_answers is None else args.word_answers
+    answers = {"logit_bias": word_bias(model)} if word_answers else {}
     workloads = {
         "one_tool": lambda url: one_tool(url, args.max_tokens, args.questions),
-        "conversation": lambda url: conversation(url, args.max_tokens, args.exchanges, args.chats),
+        "conversation": lambda url: conversation(
+            url, args.max_tokens, args.exchanges, args.chats, **answers
+        ),
         "fresh": lambda url: fresh(url, args.max_tokens),
     }
     settings = dict(SETTINGS)
@@ -261,6 +289,7 @@ def run(args, log) -> dict:
         "flags": {name: list(setting.flags) for name, setting in settings.items()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "load_average": os.getloadavg(),
+        "word_answers": word_answers,
         "settings": {},
     }
     if gguf:
@@ -386,6 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=range(1, len(TEAMS) + 1),
         metavar=f"1..{len(TEAMS)}",
         help="(b)'s conversations, each exchange's TTFT the median over them [default: 3]",
+    )
+    parser.add_argument(
+        "--word-answers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"(b)'s answers only of {WORDS} whole-word tokens (logit_bias), so that they "
+        "read back as the tokens the server wrote [default: on for the random-weight "
+        "shapes, whose answers otherwise do not, off for real models]",
     )
     parser.add_argument(
         "--cache-dir", default=None, help="models and GGUFs [default: the server's cache dir]"

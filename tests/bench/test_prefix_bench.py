@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -44,7 +46,7 @@ def in_process_deskchat(fake_server):
 
 
 def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
-    tmp_path, monkeypatch, in_process_deskchat
+    tmp_path, monkeypatch, in_process_deskchat, embedded_dir
 ):
     fake, started = in_process_deskchat
     monkeypatch.setattr(prefix, "Server", fake)
@@ -52,11 +54,13 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    shutil.copy(embedded_dir / "tokenizer.json", model)  # for --word-answers
     args = prefix.build_parser().parse_args(
         [
             *("--model", str(model), "--cache-dir", str(tmp_path / "cache")),
             *("--llama-server", str(server), "--prefix-cache-mb", "64"),
             *("--questions", "3", "--exchanges", "2", "--chats", "2", "--max-tokens", "4"),
+            "--word-answers",
         ]
     )
     report = prefix.run(args, log=lambda _t: None)
@@ -90,6 +94,10 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     assert all(r["body"]["stream"] and r["body"]["temperature"] == 0 for r in sent)
     warm, *tool, first, second, other, _ = sent
     assert "tools" not in warm["body"] and len(tool) == 3
+    words = prefix.word_bias(model)
+    assert report["word_answers"] and len(words) == prefix.WORDS
+    assert all(r["body"]["logit_bias"] == words for r in (first, second, other))
+    assert all("logit_bias" not in r["body"] for r in (warm, *tool))  # (b)'s answers only
     assert all(r["body"]["tools"] == prefix.TOOLS for r in tool)
     assert tool[0]["body"]["tools"][0]["type"] == "function"
     assert [m["role"] for m in second["body"]["messages"]] == ["user", "assistant", "user"]
@@ -130,6 +138,22 @@ def test_ratios_are_deskchat_with_its_cache_over_llama_server():
         "one_tool.rest_ttft_ms_median": 0.25,
         "vmhwm_mb": 2.0,
     }  # a failed workload has no ratio
+
+
+def test_word_answers_read_back_as_the_tokens_written(embedded_dir):
+    """What --word-answers is for: any sequence of its raised tokens, decoded and encoded
+    again (as a resent answer is), gives the same ids."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(embedded_dir / "tokenizer.json"))
+    words = [int(i) for i in prefix.word_bias(embedded_dir)]
+    assert len(words) == prefix.WORDS and set(prefix.word_bias(embedded_dir).values()) == {100}
+    rng = random.Random(0)
+    for _ in range(200):
+        answer = rng.choices(words, k=32)
+        text = tokenizer.decode(answer)
+        assert text.startswith(" ") and text.replace(" ", "").isalpha()
+        assert tokenizer.encode(text, add_special_tokens=False).ids == answer
 
 
 def test_smoke_counts_are_bounded():
