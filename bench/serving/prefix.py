@@ -1,15 +1,17 @@
 """--prefix: what the shared prefix cache saves, measured through HTTP as a user sees it.
 
-Three workloads, each on a server with the cache on (the default) and one with it off
-(`--no-prefix-cache`), started one after the other on the same model: (a) one tool sending
-the same long system prompt and tool list with 20 different questions; (b) a 12-exchange
-conversation, each request carrying the whole history, three times (`--chats`), each time
-another team's, each exchange's TTFT the median of the three; (c) fresh prompts that share
-nothing. On the random-weight shapes (b)'s answers are whole words (`--word-answers`:
-`logit_bias`, the same on both servers), so that, resent, they read back as the tokens the
-server wrote, as a trained model's do. With `--llama-server PATH`, (a) and (b) run a third
-time on llama-server at its defaults (its prompt cache on, as it ships) with the flags of
-bench/serving/llama_server.py.
+Three workloads on a server with the cache on (the default) and one with it off
+(`--no-prefix-cache`), on the same model. (a) one tool sending the same long system prompt
+and tool list with 20 different questions, and (b) a 12-exchange conversation, each request
+carrying the whole history, three times (`--chats`), each time another team's, each
+exchange's TTFT the median of the three: on each server in turn, the one before it up and
+idle. (c) fresh prompts that share nothing, once both have run (a) and (b): each prompt on
+one server then the other, `--rounds` times, so that each pair shares the machine's moment
+(cache on / off is then the median over the pairs). On the random-weight shapes (b)'s
+answers are whole words (`--word-answers`: `logit_bias`, the same on every server), so that,
+resent, they read back as the tokens the server wrote, as a trained model's do. With
+`--llama-server PATH`, (a) and (b) run a third time, alone, on llama-server at its defaults
+(its prompt cache on, as it ships) with the flags of bench/serving/llama_server.py.
 Every request is a streamed, greedy /v1/chat/completions from the same client
 (bench/serving/http_client.py's openai_once), after one warm-up request per server; its
 TTFT is the time to the first chunk that carries text or a tool call's piece. Reported:
@@ -21,6 +23,7 @@ come from one run on one machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -29,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -125,7 +128,6 @@ TOOLS = [  # in /v1's shape, as an OpenAI client sends them
 ]
 DESKCHAT_ON, DESKCHAT_OFF, LLAMA = "cache on (default)", "cache off", "llama-server"
 SETTINGS = {DESKCHAT_ON: Setting(), DESKCHAT_OFF: Setting(("--no-prefix-cache",))}
-VERSUS_WORKLOADS = ("one_tool", "conversation")  # what runs on llama-server too
 
 
 def _health(url: str) -> dict:
@@ -207,16 +209,53 @@ def word_bias(model: Path, count: int = WORDS) -> dict[str, int]:
     return {str(i): 100 for i in itself[:count]}
 
 
-def fresh(url: str, max_tokens: int) -> dict:
-    runs = [ask(url, [{"role": "user", "content": q}], max_tokens) for q in FRESH]
+def fresh_side_by_side(urls: list[str], max_tokens: int, rounds: int) -> list[dict]:
+    """(c) on servers that are all up, one request at a time: each fresh prompt on one, then
+    on the next, the order reversed every other round, so that each prompt's answers share
+    the machine's moment (the target is 3 %, and this VM moves 30 % between runs). Each
+    round's prompts begin with its number: never in a cache from a round before."""
+    runs: list[list[dict]] = [[] for _ in urls]
+    order = list(range(len(urls)))
+    for number in range(1, rounds + 1):
+        for question in FRESH:
+            asked = [{"role": "user", "content": f"{number}. {question}"}]
+            for i in order:
+                runs[i].append(ask(urls[i], asked, max_tokens))
+        order.reverse()
+    return [_fresh_summary(each) for each in runs]
+
+
+def _rate(run: dict) -> float | None:
+    """Tokens a second from the first text chunk to the last."""
+    arrivals = run.get("arrivals", [])
+    if len(arrivals) < 2 or arrivals[-1] <= arrivals[0]:
+        return None
+    return (run["tokens"] - 1) / (arrivals[-1] - arrivals[0])
+
+
+def _fresh_summary(runs: list[dict]) -> dict:
     summary = _summary(runs)
-    rates = [
-        (r["tokens"] - 1) / (r["arrivals"][-1] - r["arrivals"][0])
-        for r in runs
-        if "error" not in r and len(r["arrivals"]) > 1 and r["arrivals"][-1] > r["arrivals"][0]
-    ]
-    summary["tokens_per_s_median"] = round(statistics.median(rates), 1) if rates else None
+    if "error" not in summary:
+        rates = [_rate(r) for r in runs]
+        summary["tokens_per_s"] = [None if r is None else round(r, 2) for r in rates]
+        known = [r for r in rates if r is not None]
+        summary["tokens_per_s_median"] = round(statistics.median(known), 1) if known else None
     return summary
+
+
+def paired_ratios(ours: dict, theirs: dict) -> dict:
+    """The medians over (c)'s prompts of ours / theirs, each prompt against its own pair:
+    TTFT (lower is better) and tokens a second (higher is)."""
+    if "error" in ours or "error" in theirs:
+        return {}
+    pairs = {
+        "ttft_ms": zip(ours["ttft_ms"], theirs["ttft_ms"], strict=True),
+        "tokens_per_s": zip(ours["tokens_per_s"], theirs["tokens_per_s"], strict=True),
+    }
+    return {
+        key: round(statistics.median(a / b for a, b in pair if a and b), 3)
+        for key, pair in pairs.items()
+    }
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -241,26 +280,31 @@ def _ttft_summary(ttft: list[float]) -> dict:
     }
 
 
-def run_server(start: Callable[[], Process], workloads: dict, log) -> dict:
-    """Start one server, wait, warm up, run the workloads in order, and read its VmHWM
-    (and deskchat's /health prefix_cache) once (a) and (b) are done; stop it."""
+@contextlib.contextmanager
+def serving(start: Callable[[], Process]) -> Iterator[Process]:
+    """One server started, ready and warmed up by one short request; stopped after."""
     server = start()
     try:
         server.wait_ready(READY_TIMEOUT_S)
         warm = openai_once(server.url, request(short_ask("Warm-up"), TTFT_TOKENS))
         if "error" in warm:
             raise RuntimeError(f"the warm-up request failed: {warm['error']}: {server.tail()}")
-        results: dict = {}
-        for name, workload in workloads.items():
-            log(f"  {name}")
-            results[name] = workload(server.url)
-            if name == VERSUS_WORKLOADS[-1]:  # (a) and (b) done: the cache at its fullest
-                results["vmhwm_mb"] = round(peak_rss_mb(server.proc.pid), 1)
-                if (cache := _health(server.url).get("prefix_cache")) is not None:
-                    results["prefix_cache"] = cache
-        return results
+        yield server
     finally:
         server.stop()
+
+
+def run_workloads(server: Process, workloads: dict, log) -> dict:
+    """(a) and (b) in order, then the server's VmHWM (and deskchat's /health prefix_cache):
+    the cache at its fullest."""
+    results: dict = {}
+    for name, workload in workloads.items():
+        log(f"  {name}")
+        results[name] = workload(server.url)
+    results["vmhwm_mb"] = round(peak_rss_mb(server.proc.pid), 1)
+    if (cache := _health(server.url).get("prefix_cache")) is not None:
+        results["prefix_cache"] = cache
+    return results
 
 
 def run(args, log) -> dict:
@@ -278,7 +322,6 @@ def run(args, log) -> dict:
         "conversation": lambda url: conversation(
             url, args.max_tokens, args.exchanges, args.chats, **answers
         ),
-        "fresh": lambda url: fresh(url, args.max_tokens),
     }
     settings = dict(SETTINGS)
     if args.prefix_cache_mb:
@@ -296,15 +339,25 @@ def run(args, log) -> dict:
         report["gguf"] = str(gguf)
         report["flags"][LLAMA] = [str(args.llama_server), *llama_server.FLAGS]
     with tempfile.TemporaryDirectory(prefix="deskchat-prefix-") as logs:
-        for name, setting in settings.items():
-            log(name)
-            start = partial(Server, model, cache_dir, setting, Path(logs))
-            report["settings"][name] = run_server(start, workloads, log)
+        with contextlib.ExitStack() as up:  # each stays up, idle, while the next one runs
+            urls = []
+            for name, setting in settings.items():
+                log(name)
+                server = up.enter_context(
+                    serving(partial(Server, model, cache_dir, setting, Path(logs)))
+                )
+                report["settings"][name] = run_workloads(server, workloads, log)
+                urls.append(server.url)
+            log(f"(c) fresh prompts on both, {args.rounds} rounds")
+            fresh = fresh_side_by_side(urls, args.max_tokens, args.rounds)
+            for name, summary in zip(settings, fresh, strict=True):
+                report["settings"][name]["fresh"] = summary
+        report["fresh_on_over_off"] = paired_ratios(*fresh)
         if gguf:
             log(LLAMA)
             start = partial(llama_server.start, args.llama_server, gguf, Path(logs))
-            versus = {k: workloads[k] for k in VERSUS_WORKLOADS}
-            report["settings"][LLAMA] = run_server(start, versus, log)
+            with serving(start) as server:
+                report["settings"][LLAMA] = run_workloads(server, workloads, log)
     report["load_average_after"] = os.getloadavg()
     if gguf:
         report["ratios"] = ratios(report["settings"])
@@ -371,6 +424,12 @@ def format_table(report: dict) -> str:
         memory.append(f"{ratio['vmhwm_mb']:.2f}x" if "vmhwm_mb" in ratio else "")
     lines.append("| (c) fresh prompts: median tokens/s | " + " | ".join(rates) + " |")
     lines.append("| server's VmHWM after (a) and (b), MB | " + " | ".join(memory) + " |")
+    if paired := report.get("fresh_on_over_off"):
+        lines += [
+            "",
+            f"(c), cache on / off, each prompt against its pair (medians): TTFT "
+            f"{paired['ttft_ms']:.3f}x, tokens/s {paired['tokens_per_s']:.3f}x",
+        ]
     load = " ".join(f"{v:.2f}" for v in report["load_average"])
     after = " ".join(f"{v:.2f}" for v in report["load_average_after"])
     lines += ["", f"{report['model']}; load average (1, 5, 15 min) before {load}, after {after}"]
@@ -408,6 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=f"2..{len(items)}",
             help=f"{what}: the first N (fewer for a smoke run) [default: {len(items)}]",
         )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        choices=range(1, 10),
+        metavar="1..9",
+        help=f"(c)'s rounds of its {len(FRESH)} fresh prompts on both settings [default: 3]",
+    )
     parser.add_argument(
         "--chats",
         type=int,

@@ -55,12 +55,20 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     model.mkdir()
     (model / "config.json").write_text("{}")
     shutil.copy(embedded_dir / "tokenizer.json", model)  # for --word-answers
+    asked: list[tuple[str, str]] = []  # (url, last message) of every request, in order
+    ask = prefix.ask
+
+    def recorded(url, messages, max_tokens, **fields):
+        asked.append((url, messages[-1]["content"]))
+        return ask(url, messages, max_tokens, **fields)
+
+    monkeypatch.setattr(prefix, "ask", recorded)
     args = prefix.build_parser().parse_args(
         [
             *("--model", str(model), "--cache-dir", str(tmp_path / "cache")),
             *("--llama-server", str(server), "--prefix-cache-mb", "64"),
             *("--questions", "3", "--exchanges", "2", "--chats", "2", "--max-tokens", "4"),
-            "--word-answers",
+            *("--rounds", "2", "--word-answers"),
         ]
     )
     report = prefix.run(args, log=lambda _t: None)
@@ -70,6 +78,19 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     settings = report["settings"]
     assert list(settings) == [prefix.DESKCHAT_ON, prefix.DESKCHAT_OFF, prefix.LLAMA]
     assert "fresh" not in settings[prefix.LLAMA]  # (c) is deskchat's own on / off question
+    # (c) after both ran (a) and (b): each prompt on one server then the other, the order
+    # turned each round, each round's prompts its own
+    on_url, off_url, _ = dict.fromkeys(url for url, _ in asked)  # in order: on, off, llama
+    fresh = [(url, text) for url, text in asked if text.endswith(tuple(prefix.FRESH))]
+    first_round = [(u, f"1. {q}") for q in prefix.FRESH for u in (on_url, off_url)]
+    second_round = [(u, f"2. {q}") for q in prefix.FRESH for u in (off_url, on_url)]
+    assert fresh == first_round + second_round
+    start = asked.index(fresh[0])
+    assert asked[start : start + len(fresh)] == fresh  # one stretch,
+    assert asked[start - 1][0] == off_url  # right after the off server's (b): both up
+    for name in (prefix.DESKCHAT_ON, prefix.DESKCHAT_OFF):
+        assert len(settings[name]["fresh"]["tokens_per_s"]) == 2 * len(prefix.FRESH)
+    assert set(report["fresh_on_over_off"]) == {"ttft_ms", "tokens_per_s"}
     for name, results in settings.items():
         tool, chat = results["one_tool"], results["conversation"]
         assert "error" not in tool and "error" not in chat, name
@@ -119,6 +140,7 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     assert "| (a) one tool: median of questions 2-3" in rows
     assert rows["| (b) chat: exchange 2"].endswith("x |")  # the ratio column filled
     assert rows["| (c) fresh prompts: first"].endswith("|  |")  # not run on llama-server
+    assert "(c), cache on / off, each prompt against its pair (medians): TTFT" in table
     header, *body = [line for line in table.splitlines() if line.startswith("|")]
     assert all(line.count("|") == header.count("|") for line in body)  # every row whole
 
