@@ -68,7 +68,7 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
             *("--model", str(model), "--cache-dir", str(tmp_path / "cache")),
             *("--llama-server", str(server), "--prefix-cache-mb", "64"),
             *("--questions", "3", "--exchanges", "2", "--chats", "2", "--max-tokens", "4"),
-            *("--rounds", "2", "--word-answers"),
+            *("--rounds", "2", "--fresh-tokens", "3", "--word-answers"),
         ]
     )
     report = prefix.run(args, log=lambda _t: None)
