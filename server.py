@@ -239,6 +239,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
     runtime.cpu = engine.plan.as_dict()  # the plan that serves (torch's step if it had to)
     runtime.decode_step = engine.decode_step
     runtime.weights_digest = engine.weights_digest
+    runtime.logits_width = engine.vocab_size
     runtime.prefixes = engine.prefixes
     runtime.defaults = sampling_defaults(choice.path, config.sampling_defaults)
     runtime.grammars = grammars

@@ -56,6 +56,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     if not runtime.ready:
         raise Loading()
     runtime.worker.check_room()
+    bias = _logit_bias(chat_request.logit_bias, runtime)
     grammar = _grammar(chat_request, runtime)
     prompt_ids = prompt_of(chat_request, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
@@ -76,7 +77,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         presence_penalty=chat_request.presence_penalty,
         logprobs=chat_request.logprobs,
         top_logprobs=chat_request.top_logprobs,
-        logit_bias=_logit_bias(chat_request.logit_bias, runtime),
+        logit_bias=bias,
         **runtime.defaults.fill(
             temperature=chat_request.temperature,
             top_p=chat_request.top_p,
@@ -100,8 +101,12 @@ def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:
 
 
 def _logit_bias(bias: tuple, runtime: Runtime) -> tuple:
-    """The bias, each token id checked against the tokenizer's (as /detokenize checks)."""
-    vocabulary = runtime.prompts.with_tokenizer(len) if bias else 0
+    """The bias, each token id checked against the tokenizer's (as /detokenize checks) and
+    the logits' width, where a model has fewer rows than its tokenizer has ids."""
+    if not bias:
+        return bias
+    vocabulary = runtime.prompts.with_tokenizer(len)
+    vocabulary = min(vocabulary, runtime.logits_width or vocabulary)
     for token, _ in bias:
         if token >= vocabulary:
             raise InvalidRequest(

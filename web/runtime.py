@@ -29,6 +29,7 @@ class Runtime:
     cpu: dict | None = None  # inference.host.cpu.Plan.as_dict(): the CPU's paths, for /health
     thread_governor: ThreadGovernor | None = None  # --thread-policy adaptive
     decode_step: str | None = None  # "native avx2" ... or "torch": Engine.decode_step
+    logits_width: int | None = None  # Engine.vocab_size: may be under the tokenizer's ids
     weights_digest: str | None = None  # Engine.weights_digest: equal on PCs that agree
     prefixes: PrefixCache | None = None  # Engine.prefixes: the shared prefix cache, when on
     # What a request silent on temperature, top_p, top_k, min_p, repetition_penalty gets

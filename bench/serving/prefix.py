@@ -206,6 +206,11 @@ def word_bias(model: Path, count: int = WORDS) -> dict[str, int]:
     words = sorted(i for t, i in tokenizer.get_vocab().items() if re.fullmatch("Ġ[a-z]{3,8}", t))
     bare = partial(tokenizer.encode, add_special_tokens=False)
     itself = [i for i in words if bare(tokenizer.decode([i])).ids == [i]]
+    if len(itself) < count:  # not a byte-level BPE vocabulary ("Ġword"): say so, not bias nothing
+        raise SystemExit(
+            f"--word-answers: {model}'s tokenizer has {len(itself)} whole-word tokens of the "
+            f"kind it looks for, not {count}; run with --no-word-answers"
+        )
     return {str(i): 100 for i in itself[:count]}
 
 
@@ -252,10 +257,8 @@ def paired_ratios(ours: dict, theirs: dict) -> dict:
         "ttft_ms": zip(ours["ttft_ms"], theirs["ttft_ms"], strict=True),
         "tokens_per_s": zip(ours["tokens_per_s"], theirs["tokens_per_s"], strict=True),
     }
-    return {
-        key: round(statistics.median(a / b for a, b in pair if a and b), 3)
-        for key, pair in pairs.items()
-    }
+    ratios = {key: [a / b for a, b in pair if a and b] for key, pair in pairs.items()}
+    return {key: round(statistics.median(r), 3) if r else None for key, r in ratios.items()}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -425,10 +428,11 @@ def format_table(report: dict) -> str:
     lines.append("| (c) fresh prompts: median tokens/s | " + " | ".join(rates) + " |")
     lines.append("| server's VmHWM after (a) and (b), MB | " + " | ".join(memory) + " |")
     if paired := report.get("fresh_on_over_off"):
+        shown = {k: "none" if v is None else f"{v:.3f}x" for k, v in paired.items()}
         lines += [
             "",
             f"(c), cache on / off, each prompt against its pair (medians): TTFT "
-            f"{paired['ttft_ms']:.3f}x, tokens/s {paired['tokens_per_s']:.3f}x",
+            f"{shown['ttft_ms']}, tokens/s {shown['tokens_per_s']}",
         ]
     load = " ".join(f"{v:.2f}" for v in report["load_average"])
     after = " ".join(f"{v:.2f}" for v in report["load_average_after"])
@@ -471,8 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=4,
-        choices=range(1, 10),
-        metavar="1..9",
+        choices=range(2, 11, 2),
+        metavar="2|4|6|8|10",
         help=f"(c)'s rounds of its {len(FRESH)} fresh prompts on both settings, each "
         "setting first in every other one [default: 4]",
     )
@@ -480,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh-tokens",
         type=int,
         default=128,
+        choices=range(2, 4097),
+        metavar="2..4096",
         help="(c)'s tokens per answer: its tokens/s is timed over them [default: 128; a "
         "32-token answer of the embedded model lasts 0.2 s, and pairs of them moved 0.86-1.25x]",
     )

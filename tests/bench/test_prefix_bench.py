@@ -17,12 +17,14 @@ import pytest
 from bench.serving import prefix
 from tests.support.fakes import FakeEngine, FakeGrammars
 from tests.support.llama_tree import fake_llama_tree
+from tests.support.paths import qwen_fixture
 
 
 @pytest.fixture
 def in_process_deskchat(fake_server):
     """prefix.Server's stand-in: the scripted engine behind the real app, each setting's
-    flags given to its config; `started` lists those flags."""
+    flags given to its config; `started` lists those flags. A stopped one refuses every
+    request after (the real one would be gone)."""
     started: list[tuple[str, ...]] = []
 
     class InProcess:
@@ -39,8 +41,8 @@ def in_process_deskchat(fake_server):
         def tail(self) -> str:
             return ""
 
-        def stop(self):
-            pass  # fake_server closes it
+        def stop(self):  # fake_server closes it; here it only stops answering
+            self.inner.runtime.worker = None
 
     return InProcess, started
 
@@ -78,6 +80,9 @@ def test_prefix_runs_a_and_b_on_llama_server_through_the_same_stream(
     settings = report["settings"]
     assert list(settings) == [prefix.DESKCHAT_ON, prefix.DESKCHAT_OFF, prefix.LLAMA]
     assert "fresh" not in settings[prefix.LLAMA]  # (c) is deskchat's own on / off question
+    assert all(
+        "error" not in settings[n]["fresh"] for n in (prefix.DESKCHAT_ON, prefix.DESKCHAT_OFF)
+    )
     # (c) after both ran (a) and (b): each prompt on one server then the other, the order
     # turned each round, each round's prompts its own
     on_url, off_url, _ = dict.fromkeys(url for url, _ in asked)  # in order: on, off, llama
@@ -162,14 +167,25 @@ def test_ratios_are_deskchat_with_its_cache_over_llama_server():
     }  # a failed workload has no ratio
 
 
-def test_word_answers_read_back_as_the_tokens_written(embedded_dir):
+@pytest.mark.parametrize("tokenizer_of", ["embedded", "qwen fixture"])
+def test_word_answers_read_back_as_the_tokens_written(tmp_path, embedded_dir, tokenizer_of):
     """What --word-answers is for: any sequence of its raised tokens, decoded and encoded
-    again (as a resent answer is), gives the same ids."""
+    again (as a resent answer is), gives the same ids; on the Qwen shapes' tokenizer (where
+    the bench uses it, saved as bench/qwen_shape.py saves it) and the embedded model's."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(embedded_dir / "tokenizer.json"))
-    words = [int(i) for i in prefix.word_bias(embedded_dir)]
-    assert len(words) == prefix.WORDS and set(prefix.word_bias(embedded_dir).values()) == {100}
+    folder = embedded_dir
+    if tokenizer_of == "qwen fixture":
+        from transformers import AutoTokenizer
+
+        if not (qwen_fixture() / "vocab.json").is_file():
+            pytest.skip(f"no Qwen2.5 fixture at {qwen_fixture()}")
+        AutoTokenizer.from_pretrained(qwen_fixture()).save_pretrained(tmp_path)
+        folder = tmp_path
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bias = prefix.word_bias(folder)
+    words = [int(i) for i in bias]
+    assert len(words) == prefix.WORDS and set(bias.values()) == {100}
     rng = random.Random(0)
     for _ in range(200):
         answer = rng.choices(words, k=32)
@@ -178,6 +194,31 @@ def test_word_answers_read_back_as_the_tokens_written(embedded_dir):
         assert tokenizer.encode(text, add_special_tokens=False).ids == answer
 
 
+def test_word_answers_refuse_a_vocabulary_without_such_words(tmp_path, embedded_dir):
+    """A tokenizer whose words are not "Ġword" (SentencePiece's "▁word") must not send an
+    empty bias while the report says the answers were words."""
+    vocabulary = json.loads((embedded_dir / "tokenizer.json").read_text())
+    vocab = vocabulary["model"]["vocab"]
+    vocabulary["model"]["vocab"] = {k.replace("Ġ", "▁"): v for k, v in vocab.items()}
+    vocabulary["model"]["merges"] = []
+    (tmp_path / "tokenizer.json").write_text(json.dumps(vocabulary))
+    with pytest.raises(SystemExit, match="--no-word-answers"):
+        prefix.word_bias(tmp_path)
+
+
+def test_paired_ratios_are_medians_over_the_pairs_both_sides_have():
+    ours = {"ttft_ms": [10.0, 20.0, 30.0], "tokens_per_s": [90.0, None, 110.0]}
+    theirs = {"ttft_ms": [20.0, 20.0, 20.0], "tokens_per_s": [100.0, 100.0, None]}
+    assert prefix.paired_ratios(ours, theirs) == {"ttft_ms": 1.0, "tokens_per_s": 0.9}
+    none = {"ttft_ms": [10.0], "tokens_per_s": [None]}  # no answer long enough to time
+    assert prefix.paired_ratios(none, none) == {"ttft_ms": 1.0, "tokens_per_s": None}
+    assert prefix.paired_ratios({"error": "HTTP 500"}, theirs) == {}
+
+
 def test_smoke_counts_are_bounded():
     with pytest.raises(SystemExit):
         prefix.build_parser().parse_args(["--questions", "1"])  # no median of 2-N
+    with pytest.raises(SystemExit):
+        prefix.build_parser().parse_args(["--rounds", "3"])  # each side first as often
+    with pytest.raises(SystemExit):
+        prefix.build_parser().parse_args(["--fresh-tokens", "1"])  # no rate from one token

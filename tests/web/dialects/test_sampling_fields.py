@@ -254,3 +254,13 @@ def test_the_official_client_biases_the_real_model(embedded_server):
     assert reply.usage.completion_tokens == 8 and set(text.split()) <= {"red", "green", "blue"}
     chunks = api.chat.completions.create(**ask, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+def test_logit_bias_ids_stop_at_the_logits_width_where_the_tokenizer_has_more(fake_server):
+    """A model may have fewer logit rows than its tokenizer has ids: such an id is a 400,
+    never an IndexError in the worker."""
+    server = fake_server(FakeEngine(token_s=0.0))
+    server.runtime.logits_width = 1000
+    reply = post(server, "/v1/chat/completions", {"logit_bias": {"1000": 1}})
+    assert reply.status == 400 and "0 to 999" in reply.json()["error"]["message"]
+    assert post(server, "/v1/chat/completions", {"logit_bias": {"999": 1}}).status == 200
