@@ -65,6 +65,20 @@ def test_a_pick_adds_its_text_and_the_budget_ends_the_answer(tokenizer):
     assert stream.ttft_s > 0
 
 
+def test_the_logit_bias_comes_before_the_penalties(tokenizer):
+    """Scores 1.0 (a prompt token) and 1.2, bias +1 on the first, repetition penalty 2:
+    bias first gives (1 + 1) / 2 = 1.0 and the second token wins; penalty first would give
+    1 / 2 + 1 = 1.5 and the first. llama.cpp and vLLM add the bias first too."""
+    prompt = words(tokenizer, "Say hello.")
+    seen, other = prompt[0], words(tokenizer, " friend")[0]
+    sampling = Sampling(max_tokens=4, repetition_penalty=2.0, logit_bias=((seen, 1.0),))
+    stream = stream_of(tokenizer, sampling, prompt)
+    scores = torch.zeros(len(tokenizer))
+    scores[seen], scores[other] = 1.0, 1.2
+    assert advance(stream, scores, {EOS}, TokenPieces(tokenizer)) == other
+    assert scores[seen] == 1.0  # the row as the pick saw it: biased, then penalised
+
+
 def test_an_end_token_stops_without_text_and_a_stop_string_cuts_it(tokenizer):
     stream = stream_of(tokenizer, Sampling(max_tokens=10))
     advance(stream, rows_picking(tokenizer, [EOS])[0], {EOS}, TokenPieces(tokenizer))
