@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import statistics
@@ -42,7 +43,7 @@ from bench.peer_llamacpp import PeerMissing
 from bench.qwen_shape import FixtureMissing
 from bench.serving import llama_server
 from bench.serving.http_client import openai_once
-from bench.serving.versus import READY_TIMEOUT_S, TTFT_TOKENS, request, short_ask
+from bench.serving.versus import READY_TIMEOUT_S, TTFT_TOKENS, decode_rate, request, short_ask
 from bench.stats import peak_rss_mb
 
 TOOL_RULES = (
@@ -230,20 +231,12 @@ def fresh_side_by_side(urls: list[str], max_tokens: int, rounds: int) -> list[di
     return [_fresh_summary(each) for each in runs]
 
 
-def _rate(run: dict) -> float | None:
-    """Tokens a second from the first text chunk to the last."""
-    arrivals = run.get("arrivals", [])
-    if len(arrivals) < 2 or arrivals[-1] <= arrivals[0]:
-        return None
-    return (run["tokens"] - 1) / (arrivals[-1] - arrivals[0])
-
-
 def _fresh_summary(runs: list[dict]) -> dict:
     summary = _summary(runs)
     if "error" not in summary:
-        rates = [_rate(r) for r in runs]
-        summary["tokens_per_s"] = [None if r is None else round(r, 2) for r in rates]
-        known = [r for r in rates if r is not None]
+        rates = [decode_rate(r) for r in runs]  # NaN: an answer too short to time
+        summary["tokens_per_s"] = [None if math.isnan(r) else round(r, 2) for r in rates]
+        known = [r for r in rates if not math.isnan(r)]
         summary["tokens_per_s_median"] = round(statistics.median(known), 1) if known else None
     return summary
 

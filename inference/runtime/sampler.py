@@ -152,7 +152,7 @@ class LogitBias:
         return cls(sampling.logit_bias) if sampling.logit_bias else None
 
     def apply_(self, logits: torch.Tensor) -> None:
-        logits[self.ids] += self.amounts.to(logits.dtype)
+        logits[self.ids] += self.amounts  # the logits are float32, as the amounts
 
 
 class Penalties:

@@ -163,18 +163,22 @@ def test_chat_answer_and_stream_carry_logprobs(fake_server):
     assert events[-1]["done"] is True
 
 
+def official_client(server):
+    """The openai package, unchanged, on the server's /v1, and a greedy ask of it."""
+    import openai
+
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    question = [{"role": "user", "content": "What is the capital of Japan?"}]
+    return api, {"model": "m", "messages": question, "temperature": 0}
+
+
 @pytest.mark.slow
 def test_the_official_client_reads_logprobs_streamed_and_not(embedded_server):
     """The openai package, unchanged: its own types parse the entries, the extra fields go
     in extra_body, and a stream's chunks carry the entries the whole answer has."""
-    import openai
-
-    api = openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key="unused")
-    ask = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
+    api, ask = official_client(embedded_server)
+    ask |= {
         "max_tokens": 12,
-        "temperature": 0,
         "frequency_penalty": 0.3,
         "logprobs": True,
         "top_logprobs": 3,
@@ -236,19 +240,11 @@ def test_logit_bias_reaches_the_engine_in_token_order(fake_server):
 def test_the_official_client_biases_the_real_model(embedded_server):
     """The openai package's own `logit_bias` (ids from /tokenize): +100 on three words
     keeps the answer to them, through the real server and model, streamed or not."""
-    import openai
-
     words = (" red", " green", " blue")
     ids = [request(embedded_server.url, "POST", "/tokenize", {"prompt": w}) for w in words]
     bias = {reply.json()["tokens"][0]: 100 for reply in ids}
-    api = openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key="unused")
-    ask = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
-        "max_tokens": 8,
-        "temperature": 0,
-        "logit_bias": bias,
-    }
+    api, ask = official_client(embedded_server)
+    ask |= {"max_tokens": 8, "logit_bias": bias}
     reply = api.chat.completions.create(**ask)
     text = reply.choices[0].message.content
     assert reply.usage.completion_tokens == 8 and set(text.split()) <= {"red", "green", "blue"}
