@@ -1000,7 +1000,8 @@ static void attend(void *ctx, int begin, int end, int thread) {
             int count = n - j < 8 ? n - j : 8;
             for (int h = 0; h < group;) { /* a whole block: 3 heads at a time, then 2 or 1 */
                 float *out = scores + (size_t)h * s->stride + j;
-                const float *qh = q + h * d, *kj = keys + (size_t)j * d;
+                const float *qh = q + h * d;
+                const uint16_t *kj = keys + (size_t)j * d;
                 if (count < 8) { /* the last block, a head at a time */
                     v8f sc = scores8(qh, kj, count, d) * m->scaling;
                     for (int t = count; t < 8; t++) sc[t] = -INFINITY;
