@@ -5,7 +5,9 @@ answers /health, stop it by its process id."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -43,6 +45,35 @@ class Setting:
         if self.nice is not None:
             parts.append(f"nice {self.nice:+d} (threads and autogroup)")
         return " ".join(parts) or self.about
+
+
+# The kernel's weight for each nice level (kernel/sched/core.c, sched_prio_to_weight): an
+# autogroup's share of the CPUs against the others' is its weight over their sum.
+NICE_WEIGHTS = dict(zip(range(-20, 20), (
+    88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916,
+    9548, 7620, 6100, 4904, 3906, 3121, 2501, 1991, 1586, 1277,
+    1024, 820, 655, 526, 423, 335, 272, 215, 172, 137,
+    110, 87, 70, 56, 45, 36, 29, 23, 18, 15,
+), strict=True))  # fmt: skip
+PROFILES = ROOT / "system" / "profiles"
+USER_SLICE_WEIGHT = 100  # systemd's CPUWeight= default, user.slice's: the owner's programs
+
+
+def slice_weight(profile: str) -> int:
+    """The CPUWeight= of a priority profile's slice (system/profiles/PROFILE.slice.conf)."""
+    text = (PROFILES / f"{profile}.slice.conf").read_text()
+    return int(re.search(r"^CPUWeight=(\d+)", text, re.MULTILINE).group(1))
+
+
+def profile_nice(profile: str, busy: int) -> int:
+    """The autogroup nice that gives the server the share of the CPUs the profile's slice
+    gives the service: its CPUWeight against user.slice's 100, where the owner's `busy`
+    programs all run. Here each busy program is an autogroup of its own at nice 0 (1,024),
+    so the server's must weigh CPUWeight / 100 x busy x 1,024; the nearest level, by ratio.
+    On 2 CPUs (a busy program each), dedicated-pc's 1000 is nice -13, about 90 % of the
+    CPUs as the unit's 91 %; nice -10 alone gave 82 %."""
+    target = slice_weight(profile) / USER_SLICE_WEIGHT * busy * NICE_WEIGHTS[0]
+    return min(NICE_WEIGHTS, key=lambda nice: abs(math.log(NICE_WEIGHTS[nice] / target)))
 
 
 def _free_port() -> int:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.engine import machine_floor
-from bench.launcher import Server, Setting, client_priority
+from bench.launcher import Server, Setting, client_priority, profile_nice
 from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise
@@ -61,6 +61,9 @@ def _upper_half() -> str:
     return ",".join(str(c) for c in cpus[len(cpus) // 2 :])
 
 
+# The busy programs of the cpu and bursts conditions (one a CPU, bench/serving/noise.py): a
+# profile's share is weighed against all of them (launcher.profile_nice).
+BUSY = len(os.sched_getaffinity(0))
 SETTINGS: dict[str, Setting] = {
     "default": Setting(about="the server's defaults"),
     "gc-python": Setting(("--gc-policy", "python"), about="Python's own GC thresholds"),
@@ -75,8 +78,14 @@ SETTINGS: dict[str, Setting] = {
     "omp-active": Setting(env={"OMP_WAIT_POLICY": "ACTIVE"}, about="OpenMP threads spin"),
     "pinned": Setting(("--cpu-affinity", _upper_half()), about="inference on the upper CPUs"),
     "mlock": Setting(("--mlock",), about="resident memory locked"),
-    "shared-desk": Setting(nice=10, about="profile: the owner first (Nice=10)"),
-    "dedicated": Setting(nice=-10, about="profile: the service first (Nice=-10)"),
+    "shared-desk": Setting(
+        nice=profile_nice("shared-desk", BUSY),
+        about="profile: the owner first (its slice's CPUWeight=, as a nice)",
+    ),
+    "dedicated": Setting(
+        nice=profile_nice("dedicated-pc", BUSY),
+        about="profile: the service first (its slice's CPUWeight=, as a nice)",
+    ),
     "no-speculate": Setting(("--no-speculate",), about="no drafted tokens"),
 }
 # The omp-* settings are left out: OMP_WAIT_POLICY governs torch's OpenMP threads, which the

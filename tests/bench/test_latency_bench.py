@@ -91,12 +91,32 @@ def test_summary_quantiles_and_jitter() -> None:
 
 def test_settings_combine_and_describe() -> None:
     both = latency.setting("dedicated+threads-1")
-    assert both.flags == ("--threads", "1") and both.nice == -10
-    assert "--threads 1" in both.describe() and "nice -10" in both.describe()
+    raised = launcher.profile_nice("dedicated-pc", latency.BUSY)
+    assert both.flags == ("--threads", "1") and both.nice == raised < 0
+    assert "--threads 1" in both.describe() and f"nice {raised:+d}" in both.describe()
     assert latency.setting("omp-passive").env == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert all(latency.setting(name) for name in latency.FULL_TABLE)
     with pytest.raises(SystemExit, match="unknown 'nope'"):
         latency.setting("default+nope")
+
+
+def test_a_profiles_nice_gives_the_server_its_slices_share(tmp_path, monkeypatch) -> None:
+    """The unit weighs the service's slice against user.slice (100), where all the owner's
+    busy programs run; here each is an autogroup of its own at nice 0. So the raised nice
+    grows with their number, and follows the profile's CPUWeight=."""
+    share = {}
+    for profile in ("dedicated-pc", "shared-desk"):
+        for busy in (1, 2):
+            weight = launcher.NICE_WEIGHTS[launcher.profile_nice(profile, busy)]
+            share[profile, busy] = weight / (weight + busy * launcher.NICE_WEIGHTS[0])
+    # 1000 against 100: 91 % to the service; 50 against 100: a third
+    assert all(0.88 < share["dedicated-pc", busy] < 0.93 for busy in (1, 2))
+    assert all(0.30 < share["shared-desk", busy] < 0.37 for busy in (1, 2))
+    assert launcher.profile_nice("dedicated-pc", 2) == -13  # nice -10 alone gave 82 %
+    assert launcher.profile_nice("shared-desk", 2) == 0
+    (tmp_path / "heavy.slice.conf").write_text("[Slice]\n# CPUWeight=1\nCPUWeight=10000\n")
+    monkeypatch.setattr(launcher, "PROFILES", tmp_path)
+    assert launcher.profile_nice("heavy", 2) == -20  # past the top level: the top one
 
 
 def _report(label: str) -> dict:
