@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     folder = resolve_model(args.model, load_config([], os.environ).cache_dir, None)
-    library = load(build.this_cpu())
+    library = load(tuple(build.runnable_here()))  # this CPU's own build, as the server's
     calibration = AutoTokenizer.from_pretrained(folder)(CALIBRATION_TEXT, return_tensors="pt")
     decoders = {
         kind: Decoder(
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         rate = 1 / statistics.median(seconds[kind][2:])
         print(
             f"{kind}: decode {rate:.2f} tok/s (median of {args.steps - 2}), "
-            f"Linear weights {weight_bytes(d) / 1e6:.1f} MB, step {d.native}"
+            f"Linear weights {weight_bytes(d) / 1e6:.1f} MB, native {library.isa} build"
         )
     print(f"load average after: {os.getloadavg()}")
 

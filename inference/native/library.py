@@ -97,6 +97,8 @@ def load(levels: tuple[str, ...], spare: Path | None = None) -> Library | None:
     -mavxvnni) or that the CPUID refuses gives way to the next, with an INFO line; None, and
     one WARNING line saying what that costs, when none can be had. DESKCHAT_NATIVE_ISA names
     the one level to use (old-CPU builds tried on a newer CPU)."""
+    if isinstance(levels, str):  # its letters would be taken for levels: "older" served
+        raise TypeError(f"levels is a tuple of level names, not the one name {levels!r}")
     forced = os.environ.get("DESKCHAT_NATIVE_ISA")
     levels = (forced,) if forced else levels
     folders = [build.library_dir(), *([spare] if spare else [])]

@@ -225,6 +225,15 @@ def test_every_level_compiles_without_a_warning(level, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+def test_one_level_name_is_refused_not_spelled_out():
+    """load() takes levels, preferred first. Given one name, it took each letter for a level
+    and served the plain x86-64 build (a bench measured that build for this CPU's so)."""
+    from inference.native import library
+
+    with pytest.raises(TypeError, match="not the one name"):
+        library.load.__wrapped__(build.this_cpu())
+
+
 def test_the_caches_float16_is_torchs_both_ways(any_library):
     """Keys and values are kept as float16: rounded to nearest even (ties, subnormals, the
     largest half, overflow to inf, NaN) as torch rounds, and read back exactly, on every
