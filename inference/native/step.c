@@ -615,25 +615,32 @@ static inline void dot_rows(const int8_t *w, const int8_t *x, int nr, int k, int
  * block: <= 3,886,200 a block, so k <= K4_MAX (512 blocks) never overflows a lane; the lanes
  * are summed in int64. The rows' group sums come with the row (quantize_row). */
 
-/* sum_g t_g sums_g, exact: |t x sum| <= 127 x 4,064, int32 over 64 groups, int64 over those;
- * vectorized by the compiler, exact in whatever order it adds, so one copy for every build. */
+/* sum_g t_g sums_g, exact in int32: |t x sum| <= 127 x 4,064 = 516,128, and at most
+ * K4_MAX / GROUP = 1,024 groups: |total| <= 528,515,072 < 2^31, in any order of the adds.
+ * AVX2 takes 16 groups a pmaddwd (one channel's offsets were a sixth of a one-row 4-bit
+ * product at k = 1,536 as the compiler wrote the loop); the rest, and the other builds, the
+ * loop. Integer sums: the same total on every build. */
 static inline int64_t offsets(const int8_t *t, const int16_t *sums, int groups) {
-    int64_t total = 0;
-    for (int g0 = 0; g0 < groups; g0 += 64) {
-        int32_t part = 0, end = g0 + 64 < groups ? g0 + 64 : groups;
-        for (int g = g0; g < end; g++) part += (int32_t)t[g] * sums[g];
-        total += part;
+    int32_t total = 0;
+    int g = 0;
+#if defined(__AVX2__)
+    __m256i acc = _mm256_setzero_si256();
+    for (; g + 16 <= groups; g += 16) {
+        __m256i tw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(t + g)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(tw, _mm256_loadu_si256((const __m256i *)(sums + g))));
     }
+    total = hsum(acc);
+#endif
+    for (; g < groups; g++) total += (int32_t)t[g] * sums[g];
     return total;
 }
 
 #if defined(__AVX2__)
 static inline int64_t hsum64(__m256i v) {
-    int32_t lane[8];
-    _mm256_storeu_si256((__m256i *)lane, v);
-    int64_t s = 0;
-    for (int j = 0; j < 8; j++) s += lane[j];
-    return s;
+    __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                    _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+    __m128i s = _mm_add_epi64(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1));
+    return _mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1);
 }
 
 /* steps[r] = sum_g s_g sum u x_r, channel n's 4-bit weights with `nr` rows of x (stride k).
@@ -643,12 +650,18 @@ static inline __attribute__((always_inline)) void dot4_rows(const Linear *l, int
                                                             int64_t *steps) {
     const uint8_t *w = l->q4 + (size_t)n * (k / 2), *s = l->sub + (size_t)n * (k / GROUP);
     const __m256i low = _mm256_set1_epi8(0x0f);
+    int16_t wide[K4_MAX / GROUP] __attribute__((aligned(32)));
+    int j = 0;
+    for (; j + 16 <= k / GROUP; j += 16)
+        _mm256_store_si256((__m256i *)(wide + j),
+                           _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(s + j))));
+    for (; j < k / GROUP; j++) wide[j] = s[j];
     __m256i acc[ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
     for (int i = 0, g = 0; i < k; i += 64, g += 2) {
         __m256i b = _mm256_loadu_si256((const __m256i *)(w + i / 2));
         __m256i u0 = _mm256_and_si256(b, low), u1 = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-        __m256i s0 = _mm256_set1_epi16(s[g]), s1 = _mm256_set1_epi16(s[g + 1]);
+        __m256i s0 = _mm256_set1_epi16(wide[g]), s1 = _mm256_set1_epi16(wide[g + 1]);
         for (int r = 0; r < nr; r++) {
             const int8_t *xr = x + (size_t)r * k + i;
             __m256i p0 = _mm256_maddubs_epi16(u0, _mm256_loadu_si256((const __m256i *)xr));
