@@ -627,7 +627,8 @@ static inline int64_t offsets(const int8_t *t, const int16_t *sums, int groups) 
     __m256i acc = _mm256_setzero_si256();
     for (; g + 16 <= groups; g += 16) {
         __m256i tw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(t + g)));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(tw, _mm256_loadu_si256((const __m256i *)(sums + g))));
+        __m256i sw = _mm256_loadu_si256((const __m256i *)(sums + g));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(tw, sw));
     }
     total = hsum(acc);
 #endif
@@ -636,6 +637,7 @@ static inline int64_t offsets(const int8_t *t, const int16_t *sums, int groups) 
 }
 
 #if defined(__AVX2__)
+/* The 8 int32 lanes' sum in int64: near K4_MAX a lane comes close to 2^31, their sum past. */
 static inline int64_t hsum64(__m256i v) {
     __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
                                     _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
@@ -644,7 +646,8 @@ static inline int64_t hsum64(__m256i v) {
 }
 
 /* steps[r] = sum_g s_g sum u x_r, channel n's 4-bit weights with `nr` rows of x (stride k).
- * One unpack of a block serves every row. */
+ * One unpack of a block serves every row. The channel's steps are widened to 16 bits first,
+ * so that each group's is one broadcast from memory, not a byte's load, store and load. */
 static inline __attribute__((always_inline)) void dot4_rows(const Linear *l, int n,
                                                             const int8_t *x, int nr, int k,
                                                             int64_t *steps) {
