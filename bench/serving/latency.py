@@ -28,7 +28,7 @@ from bench.engine import machine_floor
 from bench.launcher import Server, Setting, client_priority, profile_nice
 from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
-from bench.serving.noise import CONDITIONS, Noise
+from bench.serving.noise import CONDITIONS, Noise, busy_programs
 from bench.speculation_tasks import GROUNDED_KINDS, TASKS
 from bench.stats import QUANTILES, percentile, summary
 
@@ -61,9 +61,9 @@ def _upper_half() -> str:
     return ",".join(str(c) for c in cpus[len(cpus) // 2 :])
 
 
-# The busy programs of the cpu and bursts conditions (one a CPU, bench/serving/noise.py): a
-# profile's share is weighed against all of them (launcher.profile_nice).
-BUSY = len(os.sched_getaffinity(0))
+# The busy programs of the cpu and bursts conditions: a profile's share is weighed against
+# all of them (launcher.profile_nice).
+BUSY = busy_programs()
 SETTINGS: dict[str, Setting] = {
     "default": Setting(about="the server's defaults"),
     "gc-python": Setting(("--gc-policy", "python"), about="Python's own GC thresholds"),

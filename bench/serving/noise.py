@@ -121,6 +121,12 @@ def _child_setup() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def busy_programs() -> int:
+    """The busy processes the cpu and bursts conditions start unless told: one a CPU this
+    process may use (what a profile's share is weighed against, bench/launcher.py)."""
+    return len(os.sched_getaffinity(0))
+
+
 class Noise:
     """The processes of one condition: `with Noise("cpu", seconds=60): ...`."""
 
@@ -137,7 +143,7 @@ class Noise:
             raise ValueError(f"unknown condition {condition!r}; one of {', '.join(CONDITIONS)}")
         self.condition = condition
         self.seconds = seconds
-        self.cpus = cpus or len(os.sched_getaffinity(0))
+        self.cpus = cpus or busy_programs()
         self.memory_cap_mb = memory_cap_mb
         self.file = file
         self.file_mb = file_mb
