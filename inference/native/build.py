@@ -119,6 +119,12 @@ def built(isa: str, folder: Path | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
+def command(cc: str, isa: str, out: str | Path) -> list[str]:
+    """The compiler's command line for `isa`'s library at `out`."""
+    flags = [*COMMON_FLAGS, *ISA_FLAGS[level(isa)]]
+    return [cc, *flags, "-o", str(out), str(SOURCE), "-lm", "-lpthread"]
+
+
 def build(isa: str, folder: Path | None = None) -> Path:
     """The library for `isa`, compiled now unless it is there. Raises BuildError."""
     cc = compiler()
@@ -135,18 +141,10 @@ def build(isa: str, folder: Path | None = None) -> Path:
         os.close(fd)
     except OSError as exc:
         raise BuildError(f"cannot write the library to {folder}: {exc}") from exc
-    command = [
-        cc,
-        *COMMON_FLAGS,
-        *ISA_FLAGS[level(isa)],
-        "-o",
-        tmp,
-        str(SOURCE),
-        "-lm",
-        "-lpthread",
-    ]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        done = subprocess.run(
+            command(cc, isa, tmp), capture_output=True, text=True, timeout=COMPILE_SECONDS
+        )
         if done.returncode != 0:
             raise BuildError(f"{cc} failed: {' '.join(done.stderr.split())[:300]}")
         os.chmod(tmp, 0o755)  # the service's own user (DynamicUser=) must read it

@@ -216,12 +216,8 @@ def test_every_level_compiles_without_a_warning(level, tmp_path):
     cc = build.compiler()
     if cc is None:
         pytest.skip("no C compiler here")  # the build's own tests say what that costs
-    flags = [*build.COMMON_FLAGS, *build.ISA_FLAGS[level], "-Wall", "-Werror"]
-    out = tmp_path / "step.so"
-    done = subprocess.run(
-        [cc, *flags, "-o", str(out), str(build.SOURCE), "-lm", "-lpthread"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    strict = [*build.command(cc, level, tmp_path / "step.so"), "-Wall", "-Werror"]
+    done = subprocess.run(strict, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
