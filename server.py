@@ -17,7 +17,13 @@ import threading
 import time
 
 from inference.host import cpu, heap
-from inference.host.process import Pinning, apply_gc_policy, lock_memory, name_this_thread
+from inference.host.process import (
+    Pinning,
+    apply_gc_policy,
+    lock_memory,
+    name_this_thread,
+    set_slice,
+)
 from inference.host.threads import governor_for
 from inference.loading.assemble import (
     ModelLoadError,
@@ -122,6 +128,18 @@ def _pinning(config: Config) -> tuple[Config, Pinning | None]:
         config = dataclasses.replace(config, threads=pinning.threads(config.threads))
     pinning.pin_others()
     return config, pinning
+
+
+def _ask_for_slice(microseconds: int) -> None:
+    """--sched-slice-us, in the main thread before it starts any other; one log line. 0
+    asks for the kernel's default, whatever slice the server was started with."""
+    problem = set_slice(microseconds)
+    if not microseconds:
+        return
+    if problem:
+        log.warning("%s", problem)
+    else:
+        log.info("scheduler slice %d us for every thread (sched_setattr)", microseconds)
 
 
 def _settle_host(config: Config) -> None:
@@ -289,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             level=config.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-        # First the CPU split: every thread started from here on (torch's OpenMP pool too)
-        # inherits its mask.
+        # First the CPU split and the slice: every thread started from here on (the HTTP
+        # threads, the inference thread, the native step's pool) inherits them.
         config, pinning = _pinning(config)
+        _ask_for_slice(config.sched_slice_us)
         # Before anything loads: a --quantize this CPU cannot run is a setting to fix.
         # The one execution plan: made here, passed down to the load.
         plan = plan_for(config)

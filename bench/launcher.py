@@ -18,7 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference.host.process import set_slice
+from service.config import Config
+
 ROOT = Path(__file__).resolve().parent.parent
+SERVER_SLICE_US = Config().sched_slice_us  # what the server asks for by default
 
 
 @dataclass(frozen=True)
@@ -112,17 +116,20 @@ def prioritize(nice: int | None):
 @contextlib.contextmanager
 def client_priority(nice: int | None):
     """The measuring client (this thread and its session) at a raised setting's priority
-    while it measures (the dedicated profile's rows): at nice 0 beside the noise it would
-    measure its own waits for a CPU as the server's gaps. A lowered one (shared-desk) leaves
-    the client as it is, a program of the owner's. Put back afterwards."""
+    and the server's default scheduler slice while it measures (the dedicated profile's
+    rows): at nice 0 and the kernel's slice beside the noise it would measure its own waits
+    for a CPU as the server's gaps. A lowered one (shared-desk) leaves the client as it is,
+    a program of the owner's. Put back afterwards (the slice to the kernel's default)."""
     if nice is None or nice >= 0:
         yield
         return
     thread_nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
     _set_priority(nice)
+    set_slice(SERVER_SLICE_US)
     try:
         yield
     finally:
+        set_slice(0)
         os.setpriority(os.PRIO_PROCESS, 0, thread_nice)
         if group_nice is not None:
             with contextlib.suppress(OSError):

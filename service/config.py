@@ -54,6 +54,13 @@ def _cpu_list(text: str) -> str | None:
     return cpu_list_problem(text)
 
 
+def _slice(microseconds: int) -> str | None:
+    """The kernel takes slices of 100 us to 100 ms (0: its default); it would clamp others."""
+    if 0 < microseconds < 100:
+        return "must be 0 (the kernel's default) or 100 to 100000 microseconds"
+    return None
+
+
 def _networks(text: str) -> str | None:
     """Why `text` is not a comma-separated list of addresses or CIDRs, or None."""
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -275,6 +282,16 @@ class Config:
         "the HTTP threads keep off them where other CPUs are left; --threads is capped at "
         "their number. Empty: no pinning (docs/latency.md).",
         check=_cpu_list,
+    )
+    sched_slice_us: int = _setting(
+        100,
+        "Scheduler slice in microseconds the server's threads ask the kernel for (Linux 6.12 "
+        "and newer): with a short one, a thread handed a token takes the CPU from a busy "
+        "program at once instead of at the next tick; the share of the CPUs stays the "
+        "nice's. 0 keeps the kernel's default (docs/latency.md).",
+        0,
+        100_000,
+        check=_slice,
     )
     mlock: bool = _setting(
         False,

@@ -78,6 +78,9 @@ SETTINGS: dict[str, Setting] = {
     "omp-active": Setting(env={"OMP_WAIT_POLICY": "ACTIVE"}, about="OpenMP threads spin"),
     "pinned": Setting(("--cpu-affinity", _upper_half()), about="inference on the upper CPUs"),
     "mlock": Setting(("--mlock",), about="resident memory locked"),
+    "slice-default": Setting(
+        ("--sched-slice-us", "0"), about="the kernel's default scheduler slice, not 100 us"
+    ),
     "shared-desk": Setting(
         nice=profile_nice("shared-desk", BUSY),
         about="profile: the owner first (its slice's CPUWeight=, as a nice)",

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from inference.host.process import set_slice
+
 CONDITIONS = ("quiet", "cpu", "bursts", "memory")
 BURST_MS = 200
 BURST_EVERY_S = 2.0
@@ -114,9 +116,11 @@ def pressure(deadline: float, cap_bytes: int | None, file: Path, say=print) -> N
 
 
 def _child_setup() -> None:
-    """In the child before exec: nice 0 whatever the bench's own (a client measuring at
-    nice -10 must not hand that to the noise), and SIGKILL when the bench goes away."""
+    """In the child before exec: nice 0 and the default scheduler slice whatever the
+    bench's own (a client measuring at a raised setting must not hand it to the noise), and
+    SIGKILL when the bench goes away."""
     os.setpriority(os.PRIO_PROCESS, 0, 0)
+    set_slice(0)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from bench.engine import machine_floor
 from bench.serving import latency, noise
 from service.config import physical_cores
 from tests.support.fakes import FakeEngine
+from tests.support.tasks import slice_ns, slices_settable
 
 
 def test_stream_once_records_ttft_and_every_gap(fake_server) -> None:
@@ -175,22 +177,29 @@ def _in_thread(fn):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root")
 def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None:
-    """The dedicated profile's client runs at the server's raised priority, the noise it
-    starts meanwhile at nice 0 all the same, and the client's nice is put back after."""
+    """The dedicated profile's client runs at the server's raised priority and default
+    slice, the noise it starts meanwhile at nice 0 and the kernel's slice all the same, and
+    the client's nice and slice are put back after."""
 
     def measure_like_the_bench():
-        before = os.getpriority(os.PRIO_PROCESS, 0)
+        before = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
         with launcher.client_priority(-10):
-            during = os.getpriority(os.PRIO_PROCESS, 0)
+            during = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
             with noise.Noise("cpu", seconds=30, cpus=1) as running:
-                noise_nice = os.getpriority(os.PRIO_PROCESS, running.procs[0].pid)
+                pid = running.procs[0].pid
+                time.sleep(0.2)  # past its exec
+                noisy = os.getpriority(os.PRIO_PROCESS, pid), slice_ns(pid)
         with launcher.client_priority(10):  # shared-desk: the client stays as it is
-            lowered = os.getpriority(os.PRIO_PROCESS, 0)
-        return before, during, noise_nice, lowered, os.getpriority(os.PRIO_PROCESS, 0)
+            lowered = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
+        after = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
+        return before, during, noisy, lowered, after
 
-    before, during, noise_nice, lowered, after = _in_thread(measure_like_the_bench)
-    assert (during, noise_nice) == (-10, 0)
+    before, during, noisy, lowered, after = _in_thread(measure_like_the_bench)
+    assert during[0] == -10 and noisy[0] == 0
     assert lowered == after == before
+    if slices_settable():
+        assert during[1] == launcher.SERVER_SLICE_US * 1000 != before[1]
+        assert noisy[1] == before[1]
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from service.cpu_list import parse_cpu_list
@@ -19,3 +20,31 @@ def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
         line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
         tasks.append((name, parse_cpu_list(line.split(":", 1)[1])))
     return tasks
+
+
+def slices_settable() -> bool:
+    """Whether this kernel shows threads' slices and takes one asked for (Linux 6.12+)."""
+    release = os.uname().release.split("-")[0].split(".")
+    return slice_ns("thread-self") is not None and (int(release[0]), int(release[1])) >= (6, 12)
+
+
+def slice_ns(task: int | str | Path = "self") -> int | None:
+    """A thread's scheduler slice in ns (`se.slice` of /proc/.../sched), None where the
+    kernel shows none (before EEVDF, Linux 6.6, or without its scheduler debug file)."""
+    path = Path(task) / "sched" if isinstance(task, Path) else Path(f"/proc/{task}/sched")
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return next((int(x.split(":")[1]) for x in lines if x.startswith("se.slice")), None)
+
+
+def task_slices(pid: int | str = "self") -> list[tuple[str, int | None]]:
+    """(thread name, scheduler slice in ns) for every thread of a process."""
+    slices = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            slices.append(((task / "comm").read_text().strip(), slice_ns(task)))
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return slices

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from service.cpu_list import parse_cpu_list
 from tests.support.httpclient import chat
 from tests.support.paths import ROOT
 from tests.support.systree import skip_unless_ci
-from tests.support.tasks import task_masks
+from tests.support.tasks import slice_ns, slices_settable, task_masks, task_slices
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 LAST = max(ALLOWED)
@@ -142,6 +143,64 @@ def test_mlock_limit_too_low_is_one_clear_line(start_server) -> None:
     assert "WARNING" in lines[0] and "limit is 8 MB" in lines[0]
     assert "LimitMEMLOCK=infinity" in lines[0]
     assert "objects frozen" not in server.log()  # --gc-policy python
+
+
+def _slices_here() -> dict[str, int | None]:
+    """In a new thread: its slice after set_slice(250), a thread it starts then, and its
+    own after set_slice(0). The test process's threads keep theirs."""
+    seen: dict[str, int | None] = {}
+
+    def child() -> None:
+        seen["child"] = slice_ns("thread-self")
+
+    def parent() -> None:
+        seen["before"] = slice_ns("thread-self")
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)  # this thread only
+        seen["problem"] = host.set_slice(250)
+        seen["set"] = slice_ns("thread-self")
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started = threading.Thread(target=child)
+        started.start()
+        started.join()
+        host.set_slice(0)
+        seen["reset"] = slice_ns("thread-self")
+
+    thread = threading.Thread(target=parent)
+    thread.start()
+    thread.join()
+    return seen
+
+
+def test_set_slice_is_the_threads_and_inherited_and_undone() -> None:
+    """--sched-slice-us: the calling thread's slice, which threads it starts inherit; 0 gives
+    the kernel's default back (what the bench's noise processes take)."""
+    if not slices_settable():
+        pytest.skip("a thread's own slice came in Linux 6.12")
+    seen = _slices_here()
+    assert seen["problem"] is None
+    assert seen["set"] == seen["child"] == 250_000, seen
+    assert seen["reset"] == seen["before"] != 250_000, seen
+    assert seen["nice"] == 5  # the thread's nice is kept
+
+
+@pytest.mark.parametrize("value", ["1", "99", "100001", "-5"])
+def test_slice_setting_outside_the_kernels_range_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match="sched.slice"):
+        load_config(["--sched-slice-us", value], {})
+
+
+@pytest.mark.slow
+def test_server_threads_take_the_slice(start_server) -> None:
+    """The real server: every thread (main, HTTP, inference, the native step's pool) has
+    --sched-slice-us, set before any of them started, and the log says so."""
+    if not slices_settable():
+        pytest.skip("a thread's own slice came in Linux 6.12")
+    server = start_server("--model", "embedded", "--sched-slice-us", "300")
+    reply = chat(server.url, {"message": "What is the capital of France?", "max_tokens": 8})
+    assert reply.status == 200, reply.body
+    slices = task_slices(server.proc.pid)
+    assert len(slices) >= 5 and all(ns == 300_000 for _, ns in slices), slices
+    assert "scheduler slice 300 us for every thread" in server.log()
 
 
 @pytest.fixture
