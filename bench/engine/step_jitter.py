@@ -10,7 +10,10 @@ each step after the first token, the same for the thread's CPU time (equal to th
 when the thread was never descheduled: then the spread comes from below the OS, e.g. a VM's
 host), and the 1-minute load average. `--noise cpu` runs the steps beside one busy process per
 CPU (bench/serving/noise.py's condition): the step's own loss to a busy PC, without the HTTP
-and the client that the latency bench adds.
+and the client that the latency bench adds. The engine runs as in the server: its scheduler
+slice (--sched-slice-us's default) and its thread count set after the load. Before
+2026-12-04 the count was not set here, so torch's own OpenMP pool ran its ops beside the
+native one, which the server does not do.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from bench.stats import summary
 
 def engine_and_prompt(model: str, threads: int | None) -> tuple:
     """(engine, prompt ids, threads): the server's engine on `model` with its settings (the
-    thread count replaced when given), answers never ending early, and one coding question."""
+    thread count replaced when given) and its thread count set as server.py sets it after
+    the load (the native pool's, and torch's ops beside it on one thread, not an OpenMP pool
+    of their own), answers never ending early, and one coding question."""
     from bench.models import resolve_model
     from inference.loading.assemble import ModelChoice, load_model
     from service.config import load_config
@@ -37,6 +42,7 @@ def engine_and_prompt(model: str, threads: int | None) -> tuple:
         config = dataclasses.replace(config, threads=threads)
     folder = Path(resolve_model(model, config.cache_dir, None))
     engine, prompts = load_model(ModelChoice(folder, folder.name), config, lambda _m: None)
+    engine.set_threads(config.threads)
     engine.eos_ids = set()  # every answer max_tokens long
     ask = "Write a Python function that parses a CSV file, and explain it."
     return engine, prompts.encode([{"role": "user", "content": ask}]), config.threads
@@ -57,16 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     from bench.serving.noise import Noise
+    from inference.host.process import set_slice
     from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
+    from service.config import Config
 
-    engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
-    budget = answer_budget(len(prompt_ids), args.max_tokens, engine.context_tokens)
-    wall, cpu = [], []
-    load_before = os.getloadavg()[0]
-    with Noise(args.noise, seconds=3600):
-        for _ in range(args.answers):
-            answer(engine, prompt_ids, Sampling(max_tokens=budget), wall, cpu)
+    set_slice(Config().sched_slice_us)  # as the server's threads, for this run
+    try:
+        engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
+        budget = answer_budget(len(prompt_ids), args.max_tokens, engine.context_tokens)
+        wall, cpu = [], []
+        load_before = os.getloadavg()[0]
+        with Noise(args.noise, seconds=3600):
+            for _ in range(args.answers):
+                answer(engine, prompt_ids, Sampling(max_tokens=budget), wall, cpu)
+    finally:
+        set_slice(0)
     report = {
         "threads": threads,
         "noise": args.noise,
