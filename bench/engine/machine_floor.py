@@ -1,6 +1,6 @@
 """The machine's floor for the latency table: how steady fixed work is on this PC right now.
 
-    python -m bench.engine.machine_floor [--ms 8] [--seconds 10] [--threads N]
+    python -m bench.engine.machine_floor [--ms 8 | --repeats N] [--seconds 10] [--threads N]
 
 Why: a token gap's p99/p50 on a quiet PC is partly the server's and partly the machine's
 (a VM's host, interrupts, the CPU's clocks). This times a fixed loop made of what a decode
@@ -10,8 +10,11 @@ embedded model's width; it stays in the cache), on as many threads as the server
 is compared with). No HTTP, no queue: between two calls only the loop's own Python. It
 prints one JSON line: the samples' summary (bench/stats.py, `jitter` = p99/p50), the
 repeats a sample, the thread count and the nice it ran at. `python -m bench --latency`
-runs it after each setting's quiet cell, in a process started as the server is (its own
-session, the setting's priority).
+runs it after each cell, in a process started as the server is (its own session, the
+setting's priority, the server's scheduler slice): after the quiet cell with samples as long
+as its gap p50, and beside a noise condition, while the noise still runs, with the quiet
+floor's repeats: the same work, so what the noise does to fixed work shows beside what it
+does to the server's gaps.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import time
 
 from bench.launcher import ROOT, Setting, prioritize
 from bench.stats import summary
-from service.config import physical_cores
+from inference.host.process import set_slice
+from service.config import Config, physical_cores
 
 ROWS, WIDTH = 4096, 576  # the embedded model's width (576); the weight (2.4 MB) stays in cache
 
@@ -70,10 +74,14 @@ def measure(call, repeats: int, seconds: float) -> list[float]:
     return samples
 
 
-def beside(chosen: Setting, ms: float, seconds: float) -> dict:
+def beside(chosen: Setting, ms: float, seconds: float, repeats: int | None = None) -> dict:
     """The floor measured in a process started as `chosen`'s server is: its own session,
-    its priority and environment. {sample_ms, repeats, threads, nice} or {error}."""
+    its priority and environment; samples of about `ms`, or of `repeats` calls (another
+    run's, so that their samples are the same work). {sample_ms, repeats, threads, nice} or
+    {error}."""
     command = [sys.executable, "-m", "bench.engine.machine_floor", "--ms", f"{ms:g}"]
+    if repeats:
+        command += ["--repeats", str(repeats)]
     try:
         done = subprocess.run(
             [*command, "--seconds", f"{seconds:g}"],
@@ -99,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", type=float, default=8.0, help="one sample's length")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=physical_cores(), help="[the server's]")
+    parser.add_argument(
+        "--repeats", type=int, help="calls a sample, instead of --ms: another run's, to compare"
+    )
     args = parser.parse_args(argv)
-    if args.ms <= 0 or args.seconds <= 0 or args.threads < 1:
-        parser.error("--ms and --seconds must be positive, --threads 1 or more")
+    if args.ms <= 0 or args.seconds <= 0 or args.threads < 1 or (args.repeats or 1) < 1:
+        parser.error("--ms and --seconds must be positive, --threads and --repeats 1 or more")
+    set_slice(Config().sched_slice_us)  # started as the server is: its slice too
     call = product(args.threads)
-    repeats = repeats_for(call, args.ms)
+    repeats = args.repeats or repeats_for(call, args.ms)
     samples = measure(call, repeats, args.seconds)
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     print(

@@ -34,7 +34,8 @@ from bench.stats import QUANTILES, percentile, summary
 
 WARMUP_REQUESTS = 1
 SETTLE_S = 1.0  # noise running before the first measured request
-FLOOR_S = 10.0  # the machine's floor (bench/engine/machine_floor.py), after each quiet cell
+FLOOR_S = 10.0  # the machine's floor (bench/engine/machine_floor.py), after each cell
+FLOOR_START_S = 30.0  # its process's start: torch and the native library
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.
 ASK = [
@@ -177,17 +178,46 @@ def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") ->
 # -- a run -----------------------------------------------------------------------------------
 
 
-def run_cell(url: str, condition: str, args, file: Path, log) -> dict:
+def run_cell(url: str, condition: str, args, file: Path, log, floor=None) -> dict:
+    """One condition's requests; then `floor(cell)` (the machine's floor: its result goes in
+    the cell) while the condition's noise still runs."""
     load_before = os.getloadavg()[0]
     bound_s = args.seconds + SETTLE_S + 5  # the noise ends by itself even if we hang
+    if floor:
+        bound_s += FLOOR_S + FLOOR_START_S
     with Noise(condition, bound_s, memory_cap_mb=args.memory_mb, file=file) as n:
         if n.report:
             log(f"    memory: {n.report}")
         time.sleep(SETTLE_S if condition != "quiet" else 0)
         cell = measure(url, args.seconds, args.max_tokens, args.ask)
+        if floor:
+            cell["floor"] = floor(cell)
     cell["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     cell["noise"] = n.report or condition
     return cell
+
+
+def floor_for(chosen: Setting, condition: str, quiet: dict | None):
+    """What measures the machine's floor after a cell of `chosen` (run_cell's `floor`): after
+    the quiet cell, samples as long as its gap p50; beside noise, the quiet floor's repeats
+    (the same work), with their p50 and p99 over the quiet floor's p50 (`vs_quiet`, as the
+    gaps are compared). None for a noise cell without a quiet floor before it."""
+    if condition == "quiet":
+        return lambda cell: machine_floor.beside(chosen, cell["gap_ms"]["p50"], FLOOR_S)
+    if not quiet or "error" in quiet:
+        return None
+
+    def beside_noise(_cell: dict) -> dict:
+        ms = quiet["sample_ms"]["p50"]
+        measured = machine_floor.beside(chosen, ms, FLOOR_S, repeats=quiet["repeats"])
+        if "error" not in measured:
+            base = quiet["sample_ms"]["p50"]
+            measured["vs_quiet"] = [
+                round(measured["sample_ms"][q] / base, 2) for q in ("p50", "p99")
+            ]
+        return measured
+
+    return beside_noise
 
 
 def run(args, log=print) -> dict:
@@ -213,13 +243,13 @@ def run(args, log=print) -> dict:
                     server.wait_ready()
                 for _ in range(WARMUP_REQUESTS):
                     stream_once(url, args.max_tokens)
+                quiet = None  # this setting's quiet floor, once measured
                 for condition in args.conditions:
+                    floor = floor_for(chosen, condition, quiet)
                     with client_priority(chosen.nice):
-                        cell = run_cell(url, condition, args, file, log)
-                        if condition == "quiet":  # the server idle: the machine's own spread
-                            cell["floor"] = machine_floor.beside(
-                                chosen, cell["gap_ms"]["p50"], FLOOR_S
-                            )
+                        cell = run_cell(url, condition, args, file, log, floor)
+                    if condition == "quiet":
+                        quiet = cell["floor"]
                     report["cells"].setdefault(label, {})[condition] = cell
                     log(f"  {condition:7s} {cell_text(cell)}  load {cell['loadavg_1m']}")
             finally:
@@ -255,12 +285,16 @@ def cell_text(cell: dict) -> str:
 
 
 def _floor_text(cell: dict) -> str:
-    """', floor x1.3': the p99/p50 of the machine's fixed loop beside a quiet cell."""
-    if "floor" not in cell:
+    """', floor x1.3': the p99/p50 of the machine's fixed loop after a quiet cell; beside
+    noise ', floor 1.3x/2.5x': its p50 and p99 over the quiet floor's p50."""
+    if not cell.get("floor"):
         return ""
     measured = cell["floor"]
     if "error" in measured:
         return f", floor: {measured['error']}"
+    if "vs_quiet" in measured:
+        p50, p99 = measured["vs_quiet"]
+        return f", floor {p50:g}x/{p99:g}x"
     return f", floor x{measured['sample_ms']['jitter']:g}"
 
 
@@ -269,8 +303,9 @@ def format_report(report: dict) -> str:
     cells = report["cells"]
     conditions = [c for c in CONDITIONS if any(c in row for row in cells.values())]
     lines = [
-        "inter-token gap p50/p99 ms (p99/p50) · TTFT p50/p99 ms; quiet: the machine's floor "
-        "(p99/p50 of a fixed loop, bench/engine/machine_floor.py)",
+        "inter-token gap p50/p99 ms (p99/p50) · TTFT p50/p99 ms; the machine's floor (a "
+        "fixed loop, bench/engine/machine_floor.py): quiet, its p99/p50; beside noise, the "
+        "same work's p50 and p99 over the quiet floor's p50",
         "",
         "| setting | " + " | ".join(conditions) + " |",
         "|---|" + "---|" * len(conditions),

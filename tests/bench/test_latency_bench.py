@@ -219,6 +219,32 @@ def test_the_floor_runs_the_native_loop_at_the_settings_priority() -> None:
     assert latency.cell_text(broken).endswith("floor: no native build runs here")
 
 
+@pytest.mark.slow
+def test_a_noise_cells_floor_is_the_quiet_floors_work_beside_the_noise(monkeypatch) -> None:
+    """After a noise cell, the floor runs the quiet floor's repeats while the noise still
+    runs (run_cell), and says its p50 and p99 over the quiet floor's p50; without a quiet
+    floor a noise cell has none."""
+    monkeypatch.setattr(latency, "FLOOR_S", 1.0)
+    chosen = launcher.Setting(nice=5)
+    quiet = latency.floor_for(chosen, "quiet", None)({"gap_ms": stats.summary([2.0])})
+    assert quiet["repeats"] >= 1, quiet
+    floor = latency.floor_for(chosen, "cpu", quiet)
+    with noise.Noise("cpu", seconds=60, cpus=1) as running:
+        measured = floor({})
+        assert running.procs[0].poll() is None  # the noise ran all along
+    assert measured["repeats"] == quiet["repeats"] and measured["nice"] == 5
+    base = quiet["sample_ms"]["p50"]
+    assert measured["vs_quiet"] == [
+        round(measured["sample_ms"]["p50"] / base, 2),
+        round(measured["sample_ms"]["p99"] / base, 2),
+    ]
+    cell = {"gap_ms": stats.summary([8.0]), "ttft_ms": stats.summary([20.0]), "floor": measured}
+    p50, p99 = measured["vs_quiet"]
+    assert latency.cell_text(cell).endswith(f"floor {p50:g}x/{p99:g}x")
+    assert latency.floor_for(chosen, "cpu", None) is None
+    assert latency.floor_for(chosen, "cpu", {"error": "no native build runs here"}) is None
+
+
 def test_memory_noise_takes_what_it_may_and_reads_the_file(tmp_path: Path) -> None:
     file = tmp_path / "cache.bin"
     with noise.Noise("memory", seconds=30, memory_cap_mb=128, file=file, file_mb=8) as running:
