@@ -79,6 +79,7 @@ def name_this_thread(name: str = INFERENCE_THREAD_NAME) -> None:
 
 _SYS_SCHED_SETATTR = {"x86_64": 314, "i686": 351, "i386": 351}
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
+_FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)  # the ones a slice is for
 
 
 def set_slice(microseconds: int) -> str | None:
@@ -94,9 +95,12 @@ def set_slice(microseconds: int) -> str | None:
     number = _SYS_SCHED_SETATTR.get(os.uname().machine)
     if number is None:
         return f"--sched-slice-us: not set: no sched_setattr number known for {os.uname().machine}"
+    policy = os.sched_getscheduler(0)  # kept, as the nice is: only the slice changes
+    if policy not in _FAIR_POLICIES:
+        return "--sched-slice-us: not set: the server runs under a real-time policy"
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     attr = ctypes.create_string_buffer(
-        _SCHED_ATTR.pack(_SCHED_ATTR.size, 0, 0, nice, 0, microseconds * 1000, 0, 0, 0, 0)
+        _SCHED_ATTR.pack(_SCHED_ATTR.size, policy, 0, nice, 0, microseconds * 1000, 0, 0, 0, 0)
     )
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(number, 0, attr, 0) != 0:
