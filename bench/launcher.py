@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.host.process import set_slice
-from service.config import Config
+from service.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_SLICE_US = Config().sched_slice_us  # what the server asks for by default
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,11 @@ class Setting:
             other.nice if other.nice is not None else self.nice,
             f"{self.about}; {other.about}".strip("; "),
         )
+
+    def slice_us(self) -> int:
+        """The scheduler slice this setting's server asks for (--sched-slice-us), as
+        server.py reads it from these flags and this environment."""
+        return load_config(list(self.flags), {**os.environ, **self.env}).sched_slice_us
 
     def describe(self) -> str:
         parts = [*self.flags, *(f"{k}={v}" for k, v in self.env.items())]
@@ -67,6 +71,13 @@ def slice_weight(profile: str) -> int:
     """The CPUWeight= of a priority profile's slice (system/profiles/PROFILE.slice.conf)."""
     text = (PROFILES / f"{profile}.slice.conf").read_text()
     return int(re.search(r"^CPUWeight=(\d+)", text, re.MULTILINE).group(1))
+
+
+def profile_environment(profile: str) -> dict[str, str]:
+    """The Environment= settings of a priority profile's service drop-in
+    (system/profiles/PROFILE.service.conf): what the unit runs the server with."""
+    text = (PROFILES / f"{profile}.service.conf").read_text()
+    return dict(re.findall(r"^Environment=(\w+)=(.*)$", text, re.MULTILINE))
 
 
 def profile_nice(profile: str, busy: int) -> int:
@@ -114,18 +125,18 @@ def prioritize(nice: int | None):
 
 
 @contextlib.contextmanager
-def client_priority(nice: int | None):
+def client_priority(nice: int | None, slice_us: int = 0):
     """The measuring client (this thread and its session) at a raised setting's priority
-    and the server's default scheduler slice while it measures (the dedicated profile's
-    rows): at nice 0 and the kernel's slice beside the noise it would measure its own waits
-    for a CPU as the server's gaps. A lowered one (shared-desk) leaves the client as it is,
-    a program of the owner's. Put back afterwards (the slice to the kernel's default)."""
+    and the server's scheduler slice while it measures (the dedicated profile's rows): at
+    nice 0 and the kernel's slice beside the noise it would measure its own waits for a CPU
+    as the server's gaps. A lowered one (shared-desk) leaves the client as it is, a program
+    of the owner's. Put back afterwards (the slice to the kernel's default)."""
     if nice is None or nice >= 0:
         yield
         return
     thread_nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
     _set_priority(nice)
-    set_slice(SERVER_SLICE_US)
+    set_slice(slice_us)
     try:
         yield
     finally:

@@ -284,11 +284,12 @@ class Config:
         check=_cpu_list,
     )
     sched_slice_us: int = _setting(
-        100,
+        0,
         "Scheduler slice in microseconds the server's threads ask the kernel for (Linux 6.12 "
-        "and newer): with a short one, a thread handed a token takes the CPU from a busy "
-        "program at once instead of at the next tick; the share of the CPUs stays the "
-        "nice's. 0 keeps the kernel's default (docs/latency.md).",
+        "and newer): with a short one (the dedicated-pc profile's 100), a thread handed a "
+        "token takes the CPU from a busy program at once instead of at the next tick, and the "
+        "owner's programs wait longer for theirs; the share of the CPUs stays the nice's. 0 "
+        "keeps the kernel's default (docs/latency.md).",
         0,
         100_000,
         check=_slice,

@@ -11,7 +11,7 @@ is compared with). No HTTP, no queue: between two calls only the loop's own Pyth
 prints one JSON line: the samples' summary (bench/stats.py, `jitter` = p99/p50), the
 repeats a sample, the thread count and the nice it ran at. `python -m bench --latency`
 runs it after each cell, in a process started as the server is (its own session, the
-setting's priority, the server's scheduler slice): after the quiet cell with samples as long
+setting's priority and scheduler slice): after the quiet cell with samples as long
 as its gap p50, and beside a noise condition, while the noise still runs, with the quiet
 floor's repeats: the same work, so what the noise does to fixed work shows beside what it
 does to the server's gaps.
@@ -29,7 +29,7 @@ import time
 from bench.launcher import ROOT, Setting, prioritize
 from bench.stats import summary
 from inference.host.process import set_slice
-from service.config import Config, physical_cores
+from service.config import load_config, physical_cores
 
 ROWS, WIDTH = 4096, 576  # the embedded model's width (576); the weight (2.4 MB) stays in cache
 
@@ -80,6 +80,7 @@ def beside(chosen: Setting, ms: float, seconds: float, repeats: int | None = Non
     run's, so that their samples are the same work). {sample_ms, repeats, threads, nice} or
     {error}."""
     command = [sys.executable, "-m", "bench.engine.machine_floor", "--ms", f"{ms:g}"]
+    command += ["--sched-slice-us", str(chosen.slice_us())]
     if repeats:
         command += ["--repeats", str(repeats)]
     try:
@@ -110,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, help="calls a sample, instead of --ms: another run's, to compare"
     )
+    parser.add_argument(
+        "--sched-slice-us",
+        type=int,
+        default=load_config([], os.environ).sched_slice_us,
+        help="the scheduler slice to ask for, as the server's --sched-slice-us [its default]",
+    )
     args = parser.parse_args(argv)
     if args.ms <= 0 or args.seconds <= 0 or args.threads < 1 or (args.repeats or 1) < 1:
         parser.error("--ms and --seconds must be positive, --threads and --repeats 1 or more")
-    set_slice(Config().sched_slice_us)  # started as the server is: its slice too
+    set_slice(args.sched_slice_us)  # started as the server is: its slice too
     call = product(args.threads)
     repeats = args.repeats or repeats_for(call, args.ms)
     samples = measure(call, repeats, args.seconds)

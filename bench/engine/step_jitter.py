@@ -11,7 +11,8 @@ when the thread was never descheduled: then the spread comes from below the OS, 
 host), and the 1-minute load average. `--noise cpu` runs the steps beside one busy process per
 CPU (bench/serving/noise.py's condition): the step's own loss to a busy PC, without the HTTP
 and the client that the latency bench adds. The engine runs as in the server: its scheduler
-slice (--sched-slice-us's default) and its thread count set after the load. Before
+slice (DESKCHAT_SCHED_SLICE_US, as the server reads it) and its thread count set after the
+load. Before
 2026-12-04 the count was not set here, so torch's own OpenMP pool ran its ops beside the
 native one, which the server does not do.
 """
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     from inference.host.process import set_slice
     from inference.runtime.budget import answer_budget
     from inference.runtime.jobs import Sampling
-    from service.config import Config
+    from service.config import load_config
 
-    set_slice(Config().sched_slice_us)  # as the server's threads, for this run
+    set_slice(load_config([], os.environ).sched_slice_us)  # the server's, for this run
     try:
         engine, prompt_ids, threads = engine_and_prompt(args.model, args.threads)
         budget = answer_budget(len(prompt_ids), args.max_tokens, engine.context_tokens)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.engine import machine_floor
-from bench.launcher import Server, Setting, client_priority, profile_nice
+from bench.launcher import Server, Setting, client_priority, profile_environment, profile_nice
 from bench.models import MODEL_HELP, resolve_model
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise, busy_programs
@@ -80,15 +80,17 @@ SETTINGS: dict[str, Setting] = {
     "pinned": Setting(("--cpu-affinity", _upper_half()), about="inference on the upper CPUs"),
     "mlock": Setting(("--mlock",), about="resident memory locked"),
     "slice-default": Setting(
-        ("--sched-slice-us", "0"), about="the kernel's default scheduler slice, not 100 us"
+        ("--sched-slice-us", "0"), about="the kernel's scheduler slice, whatever the profile's"
     ),
     "shared-desk": Setting(
+        env=profile_environment("shared-desk"),
         nice=profile_nice("shared-desk", BUSY),
-        about="profile: the owner first (its slice's CPUWeight=, as a nice)",
+        about="profile: the owner first (its environment, its slice's CPUWeight= as a nice)",
     ),
     "dedicated": Setting(
+        env=profile_environment("dedicated-pc"),
         nice=profile_nice("dedicated-pc", BUSY),
-        about="profile: the service first (its slice's CPUWeight=, as a nice)",
+        about="profile: the service first (its environment, its slice's CPUWeight= as a nice)",
     ),
     "no-speculate": Setting(("--no-speculate",), about="no drafted tokens"),
 }
@@ -246,7 +248,7 @@ def run(args, log=print) -> dict:
                 quiet = None  # this setting's quiet floor, once measured
                 for condition in args.conditions:
                     floor = floor_for(chosen, condition, quiet)
-                    with client_priority(chosen.nice):
+                    with client_priority(chosen.nice, chosen.slice_us()):
                         cell = run_cell(url, condition, args, file, log, floor)
                     if condition == "quiet":
                         quiet = cell["floor"]

@@ -175,15 +175,26 @@ def _in_thread(fn):
     return out["value"]
 
 
+def test_a_profiles_rows_run_the_server_with_the_profiles_environment() -> None:
+    """The profile rows take the Environment= lines of the profile's drop-in (not its
+    commented examples), so the dedicated row asks for the unit's slice; a flag wins."""
+    dedicated = launcher.profile_environment("dedicated-pc")
+    assert dedicated == {"DESKCHAT_MLOCK": "1", "DESKCHAT_SCHED_SLICE_US": "100"}
+    assert latency.setting("dedicated").env == dedicated
+    assert latency.setting("dedicated").slice_us() == 100
+    assert latency.setting("dedicated+slice-default").slice_us() == 0  # the flag wins
+    assert latency.setting("shared-desk").slice_us() == 0  # no slice where the owner is first
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root")
 def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None:
-    """The dedicated profile's client runs at the server's raised priority and default
+    """The dedicated profile's client runs at the server's raised priority and its
     slice, the noise it starts meanwhile at nice 0 and the kernel's slice all the same, and
     the client's nice and slice are put back after."""
 
     def measure_like_the_bench():
         before = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
-        with launcher.client_priority(-10):
+        with launcher.client_priority(-10, 300):
             during = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
             with noise.Noise("cpu", seconds=30, cpus=1) as running:
                 pid = running.procs[0].pid
@@ -198,7 +209,7 @@ def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None
     assert during[0] == -10 and noisy[0] == 0
     assert lowered == after == before
     if slices_settable():
-        assert during[1] == launcher.SERVER_SLICE_US * 1000 != before[1]
+        assert during[1] == 300_000 != before[1]
         assert noisy[1] == before[1]
 
 
