@@ -137,7 +137,7 @@ def _ask_for_slice(microseconds: int) -> None:
     if not microseconds:
         return
     if problem:
-        log.warning("%s", problem)
+        log.warning("--sched-slice-us: %s", problem)
     else:
         log.info("scheduler slice %d us for every thread (sched_setattr)", microseconds)
 

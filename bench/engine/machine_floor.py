@@ -31,6 +31,7 @@ from bench.stats import summary
 from inference.host.process import set_slice
 from service.config import load_config, physical_cores
 
+START_S = 120.0  # beside()'s process may take this long to start (torch, the native library)
 ROWS, WIDTH = 4096, 576  # the embedded model's width (576); the weight (2.4 MB) stays in cache
 
 
@@ -92,10 +93,10 @@ def beside(chosen: Setting, ms: float, seconds: float, repeats: int | None = Non
             env={**os.environ, **chosen.env},
             start_new_session=True,
             preexec_fn=prioritize(chosen.nice),
-            timeout=seconds + 120,
+            timeout=seconds + START_S,
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"no result in {seconds + 120:g} s"}
+        return {"error": f"no result in {seconds + START_S:g} s"}
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
     return json.loads(done.stdout.splitlines()[-1])
@@ -118,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the scheduler slice to ask for, as the server's --sched-slice-us [its default]",
     )
     args = parser.parse_args(argv)
-    if args.ms <= 0 or args.seconds <= 0 or args.threads < 1 or (args.repeats or 1) < 1:
-        parser.error("--ms and --seconds must be positive, --threads and --repeats 1 or more")
+    if args.ms <= 0 or args.seconds <= 0 or args.threads < 1:
+        parser.error("--ms and --seconds must be positive, --threads 1 or more")
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be 1 or more")
     set_slice(args.sched_slice_us)  # started as the server is: its slice too
     call = product(args.threads)
     repeats = args.repeats or repeats_for(call, args.ms)

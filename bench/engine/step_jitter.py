@@ -12,9 +12,7 @@ host), and the 1-minute load average. `--noise cpu` runs the steps beside one bu
 CPU (bench/serving/noise.py's condition): the step's own loss to a busy PC, without the HTTP
 and the client that the latency bench adds. The engine runs as in the server: its scheduler
 slice (DESKCHAT_SCHED_SLICE_US, as the server reads it) and its thread count set after the
-load. Before
-2026-12-04 the count was not set here, so torch's own OpenMP pool ran its ops beside the
-native one, which the server does not do.
+load (docs/latency.md says what it measured before it did).
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from bench.stats import QUANTILES, percentile, summary
 WARMUP_REQUESTS = 1
 SETTLE_S = 1.0  # noise running before the first measured request
 FLOOR_S = 10.0  # the machine's floor (bench/engine/machine_floor.py), after each cell
-FLOOR_START_S = 30.0  # its process's start: torch and the native library
 # A question whose answer runs past 64 tokens on a real instruct model (the embedded one
 # stops after 7 tokens on "What is the capital of France?"), so every request gives gaps.
 ASK = [
@@ -184,9 +183,9 @@ def run_cell(url: str, condition: str, args, file: Path, log, floor=None) -> dic
     """One condition's requests; then `floor(cell)` (the machine's floor: its result goes in
     the cell) while the condition's noise still runs."""
     load_before = os.getloadavg()[0]
-    bound_s = args.seconds + SETTLE_S + 5  # the noise ends by itself even if we hang
+    bound_s = args.seconds + SETTLE_S + 60  # the noise ends by itself even if we hang
     if floor:
-        bound_s += FLOOR_S + FLOOR_START_S
+        bound_s += FLOOR_S + machine_floor.START_S
     with Noise(condition, bound_s, memory_cap_mb=args.memory_mb, file=file) as n:
         if n.report:
             log(f"    memory: {n.report}")
@@ -194,6 +193,8 @@ def run_cell(url: str, condition: str, args, file: Path, log, floor=None) -> dic
         cell = measure(url, args.seconds, args.max_tokens, args.ask)
         if floor:
             cell["floor"] = floor(cell)
+            if any(proc.poll() is not None for proc in n.procs):
+                cell["floor"] = {"error": "the noise ended before the floor did"}
     cell["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     cell["noise"] = n.report or condition
     return cell
@@ -210,10 +211,9 @@ def floor_for(chosen: Setting, condition: str, quiet: dict | None):
         return None
 
     def beside_noise(_cell: dict) -> dict:
-        ms = quiet["sample_ms"]["p50"]
-        measured = machine_floor.beside(chosen, ms, FLOOR_S, repeats=quiet["repeats"])
+        base = quiet["sample_ms"]["p50"]
+        measured = machine_floor.beside(chosen, base, FLOOR_S, repeats=quiet["repeats"])
         if "error" not in measured:
-            base = quiet["sample_ms"]["p50"]
             measured["vs_quiet"] = [
                 round(measured["sample_ms"][q] / base, 2) for q in ("p50", "p99")
             ]

@@ -1,8 +1,9 @@
-"""What the server asks of the host for steady latency: CPU pinning, locked memory, GC policy.
+"""What the server asks of the host for steady latency: CPU pinning, the scheduler's slice,
+locked memory, GC policy.
 
-Each knob is opt-in through a setting (service/config.py) and says in one log line what it
-did. This module touches only the process itself (its threads' CPU masks, its memory locks,
-the interpreter's collector); kernel-wide tuning is system/tune.sh's, and the model is none of
+Each knob is a setting (service/config.py) and says in one log line what it did. This module
+touches only the process itself (its threads' CPU masks and slices, its memory locks, the
+interpreter's collector); kernel-wide tuning is system/tune.sh's, and the model is none of
 its business.
 """
 
@@ -18,6 +19,7 @@ import struct
 from service.cpu_list import format_cpu_list
 
 log = logging.getLogger("deskchat.host")
+_libc = ctypes.CDLL(None, use_errno=True)
 
 INFERENCE_THREAD_NAME = "deskchat-infer"  # what `ps -L` / /proc/PID/task/*/comm shows
 _PR_SET_NAME = 15
@@ -71,41 +73,55 @@ class Pinning:
 def name_this_thread(name: str = INFERENCE_THREAD_NAME) -> None:
     """Name the calling OS thread (15 bytes at most); threads it starts inherit the name,
     so torch's OpenMP threads show up as the inference thread's."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    _libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 # -- the scheduler's slice ---------------------------------------------------------------------
 
-_SYS_SCHED_SETATTR = {"x86_64": 314, "i686": 351, "i386": 351}
+# (sched_setattr, sched_getattr) by the interpreter's architecture (64- or 32-bit x86 differ)
+_SCHED_SYSCALLS = {
+    ("x86_64", 8): (314, 315),
+    ("x86_64", 4): (351, 352),  # a 32-bit Python on a 64-bit kernel: i386's numbers
+    ("i686", 4): (351, 352),
+    ("i386", 4): (351, 352),
+    ("aarch64", 8): (274, 275),
+    ("riscv64", 8): (274, 275),
+    ("armv7l", 4): (380, 381),
+}
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
-_FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)  # the ones a slice is for
+_FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH)  # the ones the kernel gives a slice to
+_SCHED_FLAG_RESET_ON_FORK = 1
 
 
 def set_slice(microseconds: int) -> str | None:
-    """Ask the kernel for a scheduler slice of `microseconds` for the calling thread and the
-    threads and processes it starts afterwards (they inherit it); 0 gives back the default.
-    Why: since Linux 6.12 (EEVDF) a thread that wakes may take the CPU at once from a busy
-    program only if its slice is shorter than that program's; with the default slice it
-    waits for the busy one's slice to run out, noticed at the next tick (4 ms at 250 Hz).
-    Every token crosses threads (HTTP, inference, the native step's pool) several times,
-    and each crossing could wait that long beside a busy program. The share of the CPUs is
-    still the nice's: a short slice is served sooner, not more. Older kernels ignore it.
-    Returns None when set, else the one-line reason it is not."""
-    number = _SYS_SCHED_SETATTR.get(os.uname().machine)
-    if number is None:
-        return f"--sched-slice-us: not set: no sched_setattr number known for {os.uname().machine}"
-    policy = os.sched_getscheduler(0)  # kept, as the nice is: only the slice changes
+    """Ask the kernel for a scheduler slice of `microseconds` (0: its default) for the
+    calling thread and the threads and processes it starts afterwards (they inherit it),
+    its nice and policy kept. Since Linux 6.12 a waking thread with a shorter slice than the
+    running one may take the CPU at once instead of at the next tick (docs/latency.md).
+    Returns None when the kernel took it, else the one-line reason it did not."""
+    numbers = _SCHED_SYSCALLS.get((os.uname().machine, struct.calcsize("P")))
+    if numbers is None:
+        return f"not set: no sched_setattr number known for {os.uname().machine}"
+    setattr_nr, getattr_nr = numbers
+    policy = os.sched_getscheduler(0)
+    flags = _SCHED_FLAG_RESET_ON_FORK if policy & os.SCHED_RESET_ON_FORK else 0
+    policy &= ~os.SCHED_RESET_ON_FORK
     if policy not in _FAIR_POLICIES:
-        return "--sched-slice-us: not set: the server runs under a real-time policy"
+        return f"not set: the thread's scheduling policy ({policy}) has no slice"
     nice = os.getpriority(os.PRIO_PROCESS, 0)
+    runtime = microseconds * 1000
     attr = ctypes.create_string_buffer(
-        _SCHED_ATTR.pack(_SCHED_ATTR.size, policy, 0, nice, 0, microseconds * 1000, 0, 0, 0, 0)
+        _SCHED_ATTR.pack(_SCHED_ATTR.size, policy, flags, nice, 0, runtime, 0, 0, 0, 0)
     )
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(number, 0, attr, 0) != 0:
-        why = os.strerror(ctypes.get_errno())
-        return f"--sched-slice-us: not set: sched_setattr failed ({why})"
+    if _libc.syscall(setattr_nr, 0, attr, 0) != 0:
+        return f"not set: sched_setattr failed ({os.strerror(ctypes.get_errno())})"
+    if not microseconds:
+        return None
+    got = ctypes.create_string_buffer(_SCHED_ATTR.size)
+    if _libc.syscall(getattr_nr, 0, got, _SCHED_ATTR.size, 0) != 0:
+        return f"not known: sched_getattr failed ({os.strerror(ctypes.get_errno())})"
+    if _SCHED_ATTR.unpack(got.raw)[5] != runtime:  # 6.12+ reports the slice as sched_runtime
+        return "not set: this kernel keeps its own slice (a thread's own came in Linux 6.12)"
     return None
 
 
@@ -150,8 +166,7 @@ def lock_memory() -> str | None:
             f"maps {_mb(mapped_kb)}; set LimitMEMLOCK=infinity in the unit (or ulimit -l "
             "unlimited), or turn --mlock off"
         )
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mlockall(MCL_CURRENT | MCL_ONFAULT) != 0:
+    if _libc.mlockall(MCL_CURRENT | MCL_ONFAULT) != 0:
         err = ctypes.get_errno()
         return f"--mlock: not locked: mlockall failed ({os.strerror(err)})"
     log.info(

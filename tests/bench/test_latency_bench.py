@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -197,8 +197,7 @@ def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None
         with launcher.client_priority(-10, 300):
             during = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
             with noise.Noise("cpu", seconds=30, cpus=1) as running:
-                pid = running.procs[0].pid
-                time.sleep(0.2)  # past its exec
+                pid = running.procs[0].pid  # Popen returns once it is exec'd
                 noisy = os.getpriority(os.PRIO_PROCESS, pid), slice_ns(pid)
         with launcher.client_priority(10):  # shared-desk: the client stays as it is
             lowered = os.getpriority(os.PRIO_PROCESS, 0), slice_ns("thread-self")
@@ -230,30 +229,46 @@ def test_the_floor_runs_the_native_loop_at_the_settings_priority() -> None:
     assert latency.cell_text(broken).endswith("floor: no native build runs here")
 
 
-@pytest.mark.slow
-def test_a_noise_cells_floor_is_the_quiet_floors_work_beside_the_noise(monkeypatch) -> None:
-    """After a noise cell, the floor runs the quiet floor's repeats while the noise still
-    runs (run_cell), and says its p50 and p99 over the quiet floor's p50; without a quiet
-    floor a noise cell has none."""
-    monkeypatch.setattr(latency, "FLOOR_S", 1.0)
-    chosen = launcher.Setting(nice=5)
-    quiet = latency.floor_for(chosen, "quiet", None)({"gap_ms": stats.summary([2.0])})
-    assert quiet["repeats"] >= 1, quiet
-    floor = latency.floor_for(chosen, "cpu", quiet)
-    with noise.Noise("cpu", seconds=60, cpus=1) as running:
-        measured = floor({})
-        assert running.procs[0].poll() is None  # the noise ran all along
-    assert measured["repeats"] == quiet["repeats"] and measured["nice"] == 5
-    base = quiet["sample_ms"]["p50"]
-    assert measured["vs_quiet"] == [
-        round(measured["sample_ms"]["p50"] / base, 2),
-        round(measured["sample_ms"]["p99"] / base, 2),
-    ]
-    cell = {"gap_ms": stats.summary([8.0]), "ttft_ms": stats.summary([20.0]), "floor": measured}
-    p50, p99 = measured["vs_quiet"]
-    assert latency.cell_text(cell).endswith(f"floor {p50:g}x/{p99:g}x")
-    assert latency.floor_for(chosen, "cpu", None) is None
-    assert latency.floor_for(chosen, "cpu", {"error": "no native build runs here"}) is None
+def test_a_noise_cells_floor_is_the_quiet_floors_work_while_the_noise_runs(monkeypatch) -> None:
+    """After a noise cell's requests, run_cell measures the floor while the noise still runs,
+    with the quiet floor's repeats, and gives its p50 and p99 over the quiet floor's p50; a
+    noise cell without a quiet floor has none. (The floor itself: the test above.)"""
+    asked, alive = [], []
+
+    def fake_beside(chosen, ms, seconds, repeats=None):
+        asked.append((ms, repeats))
+        return {"sample_ms": stats.summary([12.0] * 98 + [30.0] * 2), "repeats": repeats}
+
+    monkeypatch.setattr(latency.machine_floor, "beside", fake_beside)
+    monkeypatch.setattr(latency, "measure", lambda *a: {"gap_ms": stats.summary([8.0])})
+    quiet = {"sample_ms": stats.summary([8.0, 8.0, 9.0]), "repeats": 40}
+    floor = latency.floor_for(launcher.Setting(), "cpu", quiet)
+
+    def floor_seeing_the_noise(cell):
+        alive.append([proc.poll() is None for proc in running[0].procs])
+        return floor(cell)
+
+    running = []
+    real_noise = latency.Noise
+
+    def noise_kept(*args, **kwargs):
+        running.append(real_noise(*args, **kwargs))
+        return running[-1]
+
+    monkeypatch.setattr(latency, "Noise", noise_kept)
+    args = argparse.Namespace(seconds=0.1, max_tokens=8, ask="question", memory_mb=None)
+    cell = latency.run_cell(
+        "http://unused", "cpu", args, Path("unused"), print, floor_seeing_the_noise
+    )
+    assert alive == [[True] * noise.busy_programs()]
+    assert asked == [(8.0, 40)]
+    assert cell["floor"]["vs_quiet"] == [1.5, 3.75]  # 12 and 30 ms over 8
+    p50, p99 = cell["floor"]["vs_quiet"]
+    assert latency.cell_text({**cell, "ttft_ms": stats.summary([20.0])}).endswith(
+        f"floor {p50:g}x/{p99:g}x"
+    )
+    assert latency.floor_for(launcher.Setting(), "cpu", None) is None
+    assert latency.floor_for(launcher.Setting(), "cpu", {"error": "no native build"}) is None
 
 
 def test_memory_noise_takes_what_it_may_and_reads_the_file(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
-"""The threads of a process and the CPUs each may run on, read from /proc."""
+"""The threads of a process, the CPUs each may run on and its scheduler slice, from /proc."""
 
 from __future__ import annotations
 
-import os
+import threading
 from pathlib import Path
 
 from service.cpu_list import parse_cpu_list
@@ -23,9 +23,19 @@ def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
 
 
 def slices_settable() -> bool:
-    """Whether this kernel shows threads' slices and takes one asked for (Linux 6.12+)."""
-    release = os.uname().release.split("-")[0].split(".")
-    return slice_ns("thread-self") is not None and (int(release[0]), int(release[1])) >= (6, 12)
+    """Whether this kernel shows threads' slices and takes one asked for (Linux 6.12+):
+    tried in a thread of its own, which ends with it."""
+    from inference.host.process import set_slice
+
+    took: list[bool] = []
+
+    def attempt() -> None:
+        took.append(slice_ns("thread-self") is not None and set_slice(250) is None)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return took[0]
 
 
 def slice_ns(task: int | str | Path = "self") -> int | None:

@@ -175,20 +175,47 @@ def _slices_here() -> dict[str, int | None]:
 
 def test_set_slice_is_the_threads_and_inherited_and_undone() -> None:
     """--sched-slice-us: the calling thread's slice, which threads it starts inherit; 0 gives
-    the kernel's default back (what the bench's noise processes take)."""
-    if not slices_settable():
-        pytest.skip("a thread's own slice came in Linux 6.12")
+    the kernel's default back (what the bench's noise processes take). The thread's nice
+    and policy stay, and the test process's own threads keep their slice."""
+    mine = slice_ns("thread-self")
     seen = _slices_here()
+    assert (seen["nice"], seen["policy"]) == (5, os.SCHED_BATCH)  # on any kernel
+    if not slices_settable():
+        assert seen["problem"].startswith("not set"), seen
+        pytest.skip("a thread's own slice came in Linux 6.12")
     assert seen["problem"] is None
     assert seen["set"] == seen["child"] == 250_000, seen
     assert seen["reset"] == seen["before"] != 250_000, seen
-    assert (seen["nice"], seen["policy"]) == (5, os.SCHED_BATCH)  # only the slice changes
+    assert slice_ns("thread-self") == mine
+
+
+def test_set_slice_says_why_not_where_the_policy_has_none() -> None:
+    """SCHED_IDLE threads get no slice from the kernel: set_slice says so, changes nothing."""
+    seen = {}
+
+    def idle() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        seen["problem"] = host.set_slice(250)
+        seen["policy"] = os.sched_getscheduler(0)
+
+    thread = threading.Thread(target=idle)
+    thread.start()
+    thread.join()
+    assert seen == {
+        "problem": "not set: the thread's scheduling policy (5) has no slice",
+        "policy": os.SCHED_IDLE,
+    }
 
 
 @pytest.mark.parametrize("value", ["1", "99", "100001", "-5"])
 def test_slice_setting_outside_the_kernels_range_is_refused(value: str) -> None:
     with pytest.raises(ConfigError, match="sched.slice"):
         load_config(["--sched-slice-us", value], {})
+
+
+@pytest.mark.parametrize("value", [0, 100, 100_000])
+def test_slice_setting_takes_the_kernels_range(value: int) -> None:
+    assert load_config(["--sched-slice-us", str(value)], {}).sched_slice_us == value
 
 
 @pytest.mark.slow
