@@ -8,18 +8,26 @@ from pathlib import Path
 from service.cpu_list import parse_cpu_list
 
 
-def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
-    """(thread name, CPUs it may run on) for every thread of a process."""
+def _each_task(pid: int | str, read) -> list[tuple[str, object]]:
+    """(thread name, read(its /proc/PID/task/TID folder)) for every thread of a process."""
     tasks = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
-            status = (task / "status").read_text()
+            tasks.append(((task / "comm").read_text().strip(), read(task)))
         except FileNotFoundError:  # the thread ended meanwhile
             continue
-        line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
-        tasks.append((name, parse_cpu_list(line.split(":", 1)[1])))
     return tasks
+
+
+def _mask(task: Path) -> frozenset[int]:
+    status = (task / "status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+    return parse_cpu_list(line.split(":", 1)[1])
+
+
+def task_masks(pid: int | str = "self") -> list[tuple[str, frozenset[int]]]:
+    """(thread name, CPUs it may run on) for every thread of a process."""
+    return _each_task(pid, _mask)
 
 
 def slices_settable() -> bool:
@@ -51,10 +59,4 @@ def slice_ns(task: int | str | Path = "self") -> int | None:
 
 def task_slices(pid: int | str = "self") -> list[tuple[str, int | None]]:
     """(thread name, scheduler slice in ns) for every thread of a process."""
-    slices = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            slices.append(((task / "comm").read_text().strip(), slice_ns(task)))
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-    return slices
+    return _each_task(pid, slice_ns)

@@ -189,6 +189,26 @@ def test_set_slice_is_the_threads_and_inherited_and_undone() -> None:
     assert slice_ns("thread-self") == mine
 
 
+def test_set_slice_keeps_reset_on_fork() -> None:
+    """A thread with SCHED_RESET_ON_FORK (which it may set but not clear) keeps the flag:
+    the policy read back carries it, and the call must pass it on to succeed."""
+    seen = {}
+
+    def flagged() -> None:
+        os.sched_setscheduler(0, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+        seen["problem"] = host.set_slice(250)
+        seen["policy"] = os.sched_getscheduler(0)
+
+    thread = threading.Thread(target=flagged)
+    thread.start()
+    thread.join()
+    assert seen["policy"] == os.SCHED_OTHER | os.SCHED_RESET_ON_FORK
+    if slices_settable():
+        assert seen["problem"] is None
+    else:
+        assert seen["problem"].startswith("not set"), seen
+
+
 def test_set_slice_says_why_not_where_the_policy_has_none() -> None:
     """SCHED_IDLE threads get no slice from the kernel: set_slice says so, changes nothing."""
     seen = {}
