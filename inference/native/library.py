@@ -20,7 +20,7 @@ from inference.native import build
 
 log = logging.getLogger("deskchat.native")
 
-ABI_VERSION = 3  # 2: the cache holds float16; 3: 4-bit weights
+ABI_VERSION = 4  # 2: the cache holds float16; 3: 4-bit weights; 4: the pool steals
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
@@ -37,6 +37,8 @@ _SIGNATURES = {
     "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_linear4": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_half": (None, [_P, _I, _P, _P]),
+    "dc_test_pause": (None, [_I]),
+    "dc_test_paused": (_I, []),
 }
 
 

@@ -28,9 +28,12 @@
 #include <immintrin.h>
 #endif
 
-#define ABI_VERSION 3 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set) */
+#define ABI_VERSION 4 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set);
+                        * 4: the pool steals (dc_test_pause) */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
+#define WIDE_TILES 4 /* ... and tiles per item when the rows fit one block (a decode step): a
+                      * wider item keeps the pool's marks (gemm_tiles) few and cheap */
 #define ROWS 4  /* activation rows per weight load */
 #define GROUP 32 /* 4-bit weights: elements per sub-scale; a row's group sums (xsum) too */
 #define K4_MAX 32768 /* 4-bit weights: the longest k whose 32-bit lanes cannot overflow */
@@ -191,6 +194,8 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
     return m;
 }
 
+static void quiesce(void);
+
 static void scratch_free_rows(Scratch *b) {
     free(b->xq);
     free(b->xs);
@@ -216,6 +221,7 @@ static void scratch_free(Scratch *b) {
 
 void dc_model_free(Model *m) {
     if (!m) return;
+    quiesce(); /* a late thread may still read the scratch and the weights */
     scratch_free(&m->scratch);
     free(m->layer);
     free(m);
@@ -267,49 +273,94 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
  * from one shared counter, each as it gets to it, instead of a fixed share per thread: on a
  * busy PC another program often has one of the threads' CPUs, and with fixed shares the pass
  * (ten a layer) waited for that thread to be scheduled again; now the threads that run take
- * its items, and the caller waits only for chunks already begun. Which thread computes an
- * item changes no bit: every item's values come from the item alone (the kernels' rule), and
- * `thread` only picks a scratch buffer. The workers spin briefly between passes (a layer's
- * passes are microseconds apart) and then sleep on a condition variable, so an idle server
- * costs no CPU.
+ * its items. Which thread computes an item changes no bit: every item's values come from
+ * the item alone (the kernels' rule), and `thread` only picks a scratch buffer. The workers
+ * spin briefly between passes (a layer's passes are microseconds apart) and then sleep on a
+ * condition variable, so an idle server costs no CPU.
+ *
+ * Stealing (the products' passes, which are most of a step's time): a chunk already begun
+ * by a thread that another program has taken the CPU from would hold the pass until that
+ * thread is back, up to a scheduler tick (4 ms at 250 Hz; docs/latency.md). So when the
+ * caller runs out of chunks to claim it takes the unfinished ones too, each from its end,
+ * and the first thread to finish an item writes it: an item is computed into registers,
+ * then a compare-and-swap on its mark (`marks`, stamped with the pass) lets exactly one
+ * thread write it, so a residual add is never applied twice and the bits are the ones
+ * either thread would write. A thread that comes back late finds its items marked, writes
+ * nothing and leaves: `pass` has moved on. Until it leaves it may still read the pass's
+ * inputs, so what it reads must outlive the pass: the pass's context is copied into a ring
+ * (`ring`, RING passes deep; a thread checks `pass` after its copy, so a slot being reused
+ * is never used), the weights are the model's, and whatever is freed or reallocated waits
+ * first for every thread to be out of its chunks (quiesce: `inside`). It only writes memory
+ * of a live pass: a mark is won only while the pass still lacks it, and the caller waits
+ * for every item. The other passes (norms, rotary, attention, ...) are short and wait for
+ * their chunks as before.
  *
  * The counter is one 64-bit word, `claim`: the pass's generation, its item count and the
  * next unclaimed item. A thread claims with a compare-and-swap of the whole word, so it can
  * only ever take items of the pass it read the word of, within that pass's count, even if
- * it was descheduled for several passes in between. It reads `active` between its load of
- * the word and the swap, so a swap that succeeds proves that count is its pass's: a thread
- * whose id the pass does not use (whose scratch it may not have) takes nothing, even if the
- * 20-bit generation came round while it was off its CPU.
+ * it was descheduled for several passes in between. It reads `active`, fn, ctx and chunk
+ * between its load of the word and the swap, so a swap that succeeds proves they are its
+ * pass's (none changes before that pass's last item is claimed): a thread whose id the pass
+ * does not use (whose scratch it may not have) takes nothing, even if the 20-bit generation
+ * came round while it was off its CPU. `pass` counts passes in 64 bits (the marks' stamps,
+ * which must never come round); the generation is its low bits.
  *
  * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
  * In the server that is the inference thread (inference/runtime/worker.py), which loads the
  * model and runs every step; HTTP threads never call in. That is why the pool needs no lock
- * on its caller's side: started, born, fn, ctx, chunk and active are fields that only
- * the caller writes, only between passes (once `finished` has reached the pass's items); a
- * worker reads them after it read the new `claim` (a sequentially consistent store that
- * publishes the writes before it) or at its start (pthread_create publishes), and uses fn
- * and ctx only for items its compare-and-swap claimed in that pass, which the caller waits
- * for. A second caller at the same time would overwrite a pass in flight. The models'
- * scratch buffers (dc_forward) rest on the same rule. */
+ * on its caller's side: started, born, fn, ctx, chunk, active and the ring are fields that
+ * only the caller writes, only between passes (once `finished` has reached the pass's
+ * items), after it has moved `pass` on; a worker reads them before its swap (above) or at
+ * its start (pthread_create publishes). A second caller at the same time would overwrite a
+ * pass in flight. The models' scratch buffers (dc_forward) rest on the same rule. */
 typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
 
 #define GEN_BITS 20
+#define GEN_MASK ((1u << GEN_BITS) - 1)
 #define COUNT_BITS 22 /* items a pass may have, and the next-item field: up to 4M */
 #define COUNT_MASK ((1ull << COUNT_BITS) - 1)
 #define CHUNKS 8 /* a pass in about this many chunks per thread */
+#define RING 4 /* stealable passes whose context a late thread may still be reading */
+#define SLOT 160 /* bytes of a ring slot: a Gemm and its Linear */
 
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
     unsigned born[MAX_THREADS]; /* per worker: the generation when it was started */
     _Atomic uint64_t claim; /* generation << 44 | items << 22 | next item */
-    atomic_int finished, sleepers;
-    work_fn fn;
-    void *ctx;
-    atomic_int chunk, active; /* a late worker may read them while the caller sets the next */
+    _Atomic uint64_t pass; /* passes begun: the marks' clock; the generation is its low bits */
+    atomic_int finished, sleepers, inside;
+    _Atomic(work_fn) fn; /* a late worker may read these while the caller sets the next */
+    _Atomic(void *) ctx;
+    atomic_int chunk, active, steal;
+    _Atomic uint64_t done[MAX_THREADS * CHUNKS]; /* per chunk: the last pass that finished it */
+    _Atomic uint64_t *marks; /* per item block of a stealable pass: 2 pass (won), 2 pass + 1 (written) */
+    size_t marks_len;
+    _Alignas(64) unsigned char ring[RING][SLOT];
     pthread_mutex_t mutex;
     pthread_cond_t wake;
 } pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+/* The pass a thread's current chunk belongs to, and whether it is being stolen (items from
+ * the end), for the work functions that commit through marks. */
+static _Thread_local uint64_t chunk_pass;
+static _Thread_local int stealing;
+
+/* The tests' late thread (dc_test_pause): the next stealable chunk a worker claims, it
+ * sleeps first, as if another program had its CPU. */
+static atomic_int pause_us, paused;
+
+void dc_test_pause(int us) { atomic_store(&pause_us, us); }
+
+int dc_test_paused(void) { return atomic_load(&paused); } /* pauses begun */
+
+static void pause_for_test(void) {
+    int us = atomic_exchange(&pause_us, 0);
+    if (!us) return;
+    atomic_fetch_add(&paused, 1);
+    struct timespec ts = {us / 1000000, us % 1000000 * 1000L};
+    nanosleep(&ts, NULL);
+}
 
 static inline unsigned gen_of(uint64_t word) { return (unsigned)(word >> (2 * COUNT_BITS)); }
 
@@ -327,19 +378,48 @@ static double now_us(void) {
 
 #define SPIN_US 200.0
 
+/* Chunk c of `pass`, `count` items, is done: counted once, by whichever thread gets here
+ * first (a stolen chunk comes here twice). */
+static void chunk_done(uint64_t pass, int c, int count) {
+    uint64_t seen = atomic_load(&pool.done[c]);
+    while (seen < pass)
+        if (atomic_compare_exchange_weak(&pool.done[c], &seen, pass)) {
+            atomic_fetch_add(&pool.finished, count);
+            return;
+        }
+}
+
 /* Claims and runs chunks of the pass of generation `gen` until none is left (or that pass
  * is over). */
 static void take_items(unsigned gen, int thread) {
+    atomic_fetch_add(&pool.inside, 1);
     for (;;) {
-        uint64_t word = atomic_load(&pool.claim);
+        uint64_t word = atomic_load(&pool.claim), pass = atomic_load(&pool.pass);
         int items = (int)((word >> COUNT_BITS) & COUNT_MASK), next = (int)(word & COUNT_MASK);
-        if (gen_of(word) != gen || next >= items || thread >= atomic_load(&pool.active)) return;
-        int end = next + pool.chunk < items ? next + pool.chunk : items;
+        if (gen_of(word) != gen || next >= items || thread >= atomic_load(&pool.active)) break;
+        if ((pass & GEN_MASK) != gen) continue; /* the caller is between its two stores */
+        work_fn fn = atomic_load(&pool.fn);
+        void *ctx = atomic_load(&pool.ctx);
+        int chunk = atomic_load(&pool.chunk), end = next + chunk < items ? next + chunk : items;
+        int steal = atomic_load(&pool.steal);
         if (!atomic_compare_exchange_weak(&pool.claim, &word, word + (uint64_t)(end - next)))
             continue;
-        pool.fn(pool.ctx, next, end, thread);
-        atomic_fetch_add(&pool.finished, end - next);
+        chunk_pass = pass;
+        stealing = 0;
+        if (thread && steal && atomic_load_explicit(&pause_us, memory_order_relaxed))
+            pause_for_test();
+        fn(ctx, next, end, thread);
+        chunk_done(pass, next / chunk, end - next);
     }
+    atomic_fetch_sub(&pool.inside, 1);
+}
+
+/* Waits until no worker is inside a chunk: before anything a late one may read is freed. */
+static void quiesce(void) {
+    unsigned spins = 0;
+    while (atomic_load(&pool.inside))
+        if (++spins % 1024) relax();
+        else sched_yield();
 }
 
 static void *worker(void *arg) {
@@ -382,19 +462,29 @@ static int pool_grow(int threads) {
 }
 
 /* Runs fn over [0, items) on up to `threads` threads (the caller is thread 0). Only the one
- * calling thread enters (see the pool): it returns once every item is done. */
-static void run(int threads, work_fn fn, void *ctx, int items) {
+ * calling thread enters (see the pool): it returns once every item is done. With `steal`,
+ * fn commits each item through the marks (gemm_tiles) and ctx points at the pass's ring
+ * slot (ring_slot), and the caller takes unfinished chunks too. */
+static void run_pass(int threads, work_fn fn, void *ctx, int items, int steal) {
     if (threads <= 1 || items <= 1 || (uint64_t)items > COUNT_MASK) {
-        if (items > 0) fn(ctx, 0, items, 0);
+        if (items > 0) {
+            chunk_pass = atomic_load(&pool.pass);
+            stealing = 0;
+            fn(ctx, 0, items, 0);
+        }
         return;
     }
     if (threads > items) threads = items;
-    pool.fn = fn;
-    pool.ctx = ctx;
-    pool.active = threads;
-    pool.chunk = (items + threads * CHUNKS - 1) / (threads * CHUNKS);
+    uint64_t pass = atomic_load(&pool.pass) + (steal ? 0 : 1); /* ring_slot moved it on */
+    unsigned gen = (unsigned)(pass & GEN_MASK);
+    int chunk = (items + threads * CHUNKS - 1) / (threads * CHUNKS);
+    atomic_store(&pool.pass, pass); /* first: a late thread that reads it knows its pass ended */
+    atomic_store(&pool.fn, fn);
+    atomic_store(&pool.ctx, ctx);
+    atomic_store(&pool.active, threads);
+    atomic_store(&pool.chunk, chunk);
+    atomic_store(&pool.steal, steal);
     atomic_store(&pool.finished, 0);
-    unsigned gen = (gen_of(atomic_load(&pool.claim)) + 1) & ((1u << GEN_BITS) - 1);
     atomic_store(&pool.claim, (uint64_t)gen << (2 * COUNT_BITS) | (uint64_t)items << COUNT_BITS);
     if (atomic_load(&pool.sleepers)) {
         pthread_mutex_lock(&pool.mutex);
@@ -402,10 +492,47 @@ static void run(int threads, work_fn fn, void *ctx, int items) {
         pthread_mutex_unlock(&pool.mutex);
     }
     take_items(gen, 0);
+    for (int c = 0; steal && c * chunk < items && atomic_load(&pool.finished) < items; c++) {
+        if (atomic_load(&pool.done[c]) >= pass) continue;
+        int end = (c + 1) * chunk < items ? (c + 1) * chunk : items;
+        chunk_pass = pass;
+        stealing = 1;
+        fn(ctx, c * chunk, end, 0);
+        chunk_done(pass, c, end - c * chunk);
+    }
     unsigned spins = 0;
     while (atomic_load(&pool.finished) < items)
         if (++spins % 1024) relax();
         else sched_yield();
+}
+
+static void run(int threads, work_fn fn, void *ctx, int items) {
+    run_pass(threads, fn, ctx, items, 0);
+}
+
+/* The next stealable pass's ring slot, `bytes` of its context copied in. The pass counter
+ * moves on first, so a late thread that copied this slot for an older pass sees its pass
+ * is over (the fence orders the counter before the copy, as a seqlock's writer). */
+static void *ring_slot(const void *context, size_t bytes) {
+    uint64_t pass = atomic_load(&pool.pass) + 1;
+    atomic_store(&pool.pass, pass);
+    atomic_thread_fence(memory_order_release);
+    void *slot = pool.ring[pass % RING];
+    memcpy(slot, context, bytes);
+    return slot;
+}
+
+/* Room for a stealable pass's `blocks` marks (grown only while no thread is in a chunk). */
+static int marks_fit(size_t blocks) {
+    if (blocks <= pool.marks_len) return 0;
+    quiesce();
+    size_t n = blocks > 2 * pool.marks_len ? blocks : 2 * pool.marks_len;
+    _Atomic uint64_t *marks = calloc(n, sizeof *marks);
+    if (!marks) return -1;
+    free(pool.marks);
+    pool.marks = marks;
+    pool.marks_len = n;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- row kernels
@@ -740,6 +867,7 @@ typedef struct {
     float *y; /* [rows, ystride] */
     int ystride;
     int add; /* 1: y += result (a residual), 0: y = result */
+    int width; /* output channels a work item: TILE, or WIDE_TILES x TILE for one row block */
 } Gemm;
 
 /* (row r, channel n)'s product before the row's scale (products): times the row's scale,
@@ -783,34 +911,70 @@ static inline __attribute__((always_inline)) void products(const Gemm *g, int n,
 
 /* A block of nr (1 .. ROWS) rows with channels n0 .. n1 - 1: one weight load serves all
  * of them. The cases make nr a constant in each inlined copy of the kernels, so their
- * accumulators stay in registers. */
-static inline void tile_rows(const Gemm *g, int n0, int n1, int r, int nr) {
-    float acc[ROWS];
-    for (int n = n0; n < n1; n++) {
-        switch (nr) {
-        case 1: products(g, n, r, 1, acc); break;
-        case 2: products(g, n, r, 2, acc); break;
-        case 3: products(g, n, r, 3, acc); break;
-        default: products(g, n, r, ROWS, acc);
+ * accumulators stay in registers. The block is written only by the thread that wins its
+ * mark (the pool's stealing): computed first, then marked, then written; a thread that
+ * finds it marked by another waits until it is written, so a chunk is never counted done
+ * before all its values are in place. */
+static inline void tile_rows(const Gemm *g, _Atomic uint64_t *mark, uint64_t pass, int n0,
+                             int n1, int r, int nr) {
+    uint64_t seen = atomic_load(mark);
+    if (seen < 2 * pass) {
+        float acc[WIDE_TILES * TILE][ROWS];
+        for (int n = n0; n < n1; n++) {
+            switch (nr) {
+            case 1: products(g, n, r, 1, acc[n - n0]); break;
+            case 2: products(g, n, r, 2, acc[n - n0]); break;
+            case 3: products(g, n, r, 3, acc[n - n0]); break;
+            default: products(g, n, r, ROWS, acc[n - n0]);
+            }
         }
-        for (int j = 0; j < nr; j++) emit(g, r + j, n, acc[j]);
+        while (seen < 2 * pass)
+            if (atomic_compare_exchange_weak(mark, &seen, 2 * pass)) {
+                for (int n = n0; n < n1; n++)
+                    for (int j = 0; j < nr; j++) emit(g, r + j, n, acc[n - n0][j]);
+                atomic_store_explicit(mark, 2 * pass + 1, memory_order_release);
+                return;
+            }
     }
+    while (atomic_load_explicit(mark, memory_order_acquire) == 2 * pass)
+        relax(); /* another thread is writing it */
 }
+
+/* A Gemm as the ring holds it: with its own copy of the Linear (dc_linear's is on a stack). */
+typedef struct {
+    Gemm g;
+    Linear l;
+} GemmSlot;
+_Static_assert(sizeof(GemmSlot) <= SLOT, "a ring slot holds a GemmSlot");
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
-    const Gemm *g = ctx;
-    const Linear *l = g->lin;
-    for (int t = begin; t < end; t++) {
-        int n0 = t * TILE, n1 = n0 + TILE < l->n ? n0 + TILE : l->n;
-        for (int r = 0; r < g->rows; r += ROWS)
-            tile_rows(g, n0, n1, r, g->rows - r < ROWS ? g->rows - r : ROWS);
+    (void)thread;
+    GemmSlot s;
+    memcpy(&s, ctx, sizeof s);
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t pass = chunk_pass;
+    if (atomic_load(&pool.pass) != pass) return; /* over (its slot may be another pass's now) */
+    s.g.lin = &s.l;
+    const Gemm *g = &s.g;
+    int n = s.l.n, blocks = (g->rows + ROWS - 1) / ROWS;
+    for (int i = begin; i < end; i++) {
+        int t = stealing ? begin + end - 1 - i : i; /* a stolen chunk from its end */
+        if (atomic_load_explicit(&pool.pass, memory_order_relaxed) != pass) return;
+        int n0 = t * g->width, n1 = n0 + g->width < n ? n0 + g->width : n;
+        for (int b = 0; b < blocks; b++) {
+            int r = b * ROWS;
+            tile_rows(g, &pool.marks[(size_t)t * blocks + b], pass, n0, n1, r,
+                      g->rows - r < ROWS ? g->rows - r : ROWS);
+        }
     }
 }
 
-/* `total` has room for a sum per row: the offset trick's (dot_rows), unused elsewhere. */
+/* `total` has room for a sum per row: the offset trick's (dot_rows), unused elsewhere.
+ * The pool's marks must have room for the pass (marks_fit). */
 static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
-                 const int16_t *xsum, int32_t *total, int rows, float *y, int ystride, int add) {
-    Gemm g = {l, x, xs, xsum, NULL, rows, y, ystride, add};
+                const int16_t *xsum, int32_t *total, int rows, float *y, int ystride, int add) {
+    int width = rows <= ROWS ? WIDE_TILES * TILE : TILE;
+    GemmSlot s = {{NULL, x, xs, xsum, NULL, rows, y, ystride, add, width}, *l};
 #ifdef OFFSET_TRICK
     if (!l->q4) { /* each row's sum, from its group sums: what the trick takes away */
         int groups = l->k / GROUP;
@@ -819,12 +983,12 @@ static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
             for (int j = 0; j < groups; j++) sum += xsum[(size_t)r * groups + j];
             total[r] = sum;
         }
-        g.xtotal = total;
+        s.g.xtotal = total;
     }
 #else
     (void)total;
 #endif
-    run(threads, gemm_tiles, &g, (l->n + TILE - 1) / TILE);
+    run_pass(threads, gemm_tiles, ring_slot(&s, sizeof s), (l->n + width - 1) / width, 1);
 }
 
 /* ---------------------------------------------------------------- a step */
@@ -1097,6 +1261,7 @@ static void *aligned(size_t bytes) { return aligned_alloc(32, (bytes + 31) / 32 
 static int scratch_fit(Model *m, int rows, size_t scores) {
     Scratch *b = &m->scratch;
     if (rows > b->rows) {
+        quiesce(); /* a late thread of a product may still read xq and its sums (the pool) */
         size_t n = ((size_t)rows + 31) / 32 * 32, attn = (size_t)m->heads * m->head_dim;
         size_t width = attn + (size_t)2 * m->kv_heads * m->head_dim;
         size_t k_max = (size_t)(m->inter > m->hidden ? m->inter : m->hidden); /* xq's widest */
@@ -1146,6 +1311,12 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     int stride = (longest + 7) / 8 * 8;
     size_t scores = (size_t)threads * (m->heads / m->kv_heads) * stride;
     if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
+    /* every product's marks (gemm) now, so that no pass can run out of memory halfway */
+    int widest = width > 2 * m->inter ? width : 2 * m->inter;
+    widest = widest > m->hidden ? widest : m->hidden;
+    size_t blocks = (size_t)(widest + TILE - 1) / TILE * ((rows + ROWS - 1) / ROWS);
+    size_t head = (size_t)(m->vocab + TILE - 1) / TILE * ((n_out + ROWS - 1) / ROWS);
+    if (marks_fit(blocks > head ? blocks : head)) return -1;
     const Scratch *b = &m->scratch;
     Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
               .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .xtotal = b->xtotal, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
@@ -1188,13 +1359,15 @@ static int linear_alone(const Linear *l, int rows, const float *x, float *y, int
     float *xs = malloc(sizeof(float) * r1);
     int16_t *xsum = malloc(sizeof(int16_t) * r1 * (k / GROUP));
     int32_t *total = malloc(sizeof(int32_t) * r1);
-    int ok = xq && xs && xsum && total;
+    int ok = xq && xs && xsum && total &&
+             !marks_fit((size_t)(l->n + TILE - 1) / TILE * ((r1 + ROWS - 1) / ROWS));
     if (ok) {
         for (int r = 0; r < rows; r++)
             quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r,
                          xsum + (size_t)r * (k / GROUP));
         gemm(threads, l, xq, xs, xsum, total, rows, y, l->n, 0);
     }
+    quiesce(); /* a late thread may still read xq and the weights */
     free(xq);
     free(xs);
     free(xsum);

@@ -6,6 +6,7 @@ token choices those of the torch step."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 import torch
@@ -325,6 +326,50 @@ def test_a_prompt_chunked_or_drafted_gives_the_same_bits(native_decoder):
     for token in ids[30:]:
         parts.append(native_decoder.forward([Segment(cache, [token], decoding=True)]))
     assert torch.equal(torch.cat(parts), whole)
+
+
+def greedy(decoder, prompt, until) -> tuple[list, list[float]]:
+    """Greedy steps after `prompt` until `until(step, seconds so far)` says stop: each
+    step's logits and wall time (s)."""
+    cache = decoder.new_cache(CONTEXT)
+    ids, rows, times = list(prompt), [], []
+    while not until(len(rows), sum(times)):
+        start = time.perf_counter()
+        row = decoder.forward([Segment(cache, ids, decoding=bool(rows))])[-1]
+        times.append(time.perf_counter() - start)
+        rows.append(row)
+        ids = [int(row.argmax())]
+    return rows, times
+
+
+def test_a_step_does_not_wait_for_a_thread_that_lost_its_cpu(native_decoder):
+    """A pool thread kept off its CPU in the middle of a product's chunk (dc_test_pause: it
+    sleeps first, as behind a busy program) holds no step up: the caller takes the chunk
+    from its end. When it is back, steps later, it writes nothing: every step has the bits
+    of a run without the pause."""
+    dll = native_decoder._native.lib.dll
+    pause_s, prompt = 0.3, range(300, 340)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    begun = dll.dc_test_paused()
+
+    def until(step: int, seconds: float) -> bool:
+        """Pause the next chunk after the prompt; stop well after the thread is back."""
+        if step == 1:
+            dll.dc_test_pause(int(pause_s * 1e6))
+        return step > 400 or seconds > 2 * pause_s
+
+    try:
+        rows, times = greedy(native_decoder, prompt, until)
+        paused = dll.dc_test_paused() - begun
+        dll.dc_test_pause(0)
+        reference, _ = greedy(native_decoder, prompt, lambda step, _: step == len(rows))
+    finally:
+        torch.set_num_threads(threads)
+    assert paused == 1, "no worker claimed a product's chunk: nothing was tested"
+    assert max(times[1:]) < pause_s / 2, "a step waited for the paused thread"
+    for i, (a, b) in enumerate(zip(reference, rows, strict=True)):
+        assert torch.equal(a, b), i
 
 
 def test_buffers_kept_from_step_to_step_change_no_bits(native_decoder, monkeypatch):
