@@ -37,8 +37,9 @@ _SIGNATURES = {
     "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_linear4": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_half": (None, [_P, _I, _P, _P]),
-    "dc_test_pause": (None, [_I]),
+    "dc_test_pause": (None, [_I, _I]),
     "dc_test_paused": (_I, []),
+    "dc_test_ended_in_pause": (_I, []),
 }
 
 

@@ -103,6 +103,21 @@ typedef struct {
     Linear qkv, o, gate_up, down;
 } Layer;
 
+/* A step is a program of passes over the thread pool (below): a work function over
+ * [begin, end) of the pass's items, and its context. */
+typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
+#define SLOT 160 /* bytes of a pass's context: a Step, or a Gemm and its Linear */
+#define PASSES 10 /* a layer's (dc_forward) */
+#define FINAL_PASSES 3 /* the rows whose logits are asked, gathered; their norm; the head */
+
+/* One pass of a program: fn over [0, items), its context copied in. */
+typedef struct {
+    work_fn fn;
+    int items;
+    int steal; /* fn commits each item through the marks (gemm_tiles): chunks may be stolen */
+    _Alignas(16) unsigned char ctx[SLOT];
+} Pass;
+
 /* A step's working rows, kept with the model from one call to the next (dc_forward). */
 typedef struct {
     int rows; /* the rows the buffers below hold; 0 before the first step */
@@ -127,6 +142,7 @@ typedef struct {
     Linear head;
     Layer *layer;
     Scratch scratch;
+    Pass *program; /* a step's passes: PASSES a layer, then FINAL_PASSES (dc_forward) */
 } Model;
 
 /* The build's level, as inference/native/build.py names it */
@@ -189,8 +205,14 @@ Model *dc_model_new(int layers, int hidden, int heads, int kv_heads, int head_di
         free(m);
         return NULL;
     }
+    Pass *program = malloc(sizeof(Pass) * ((size_t)layers * PASSES + FINAL_PASSES));
+    if (!program) {
+        free(m->layer);
+        free(m);
+        return NULL;
+    }
     *m = (Model){layers, hidden, heads, kv_heads, head_dim, inter, vocab, context, eps,
-                 scaling, cos, sin, final_norm, {0}, m->layer, {0}};
+                 scaling, cos, sin, final_norm, {0}, m->layer, {0}, program};
     return m;
 }
 
@@ -221,8 +243,9 @@ static void scratch_free(Scratch *b) {
 
 void dc_model_free(Model *m) {
     if (!m) return;
-    quiesce(); /* a late thread may still read the scratch and the weights */
+    quiesce(); /* a late thread may still read the scratch, the program and the weights */
     scratch_free(&m->scratch);
+    free(m->program);
     free(m->layer);
     free(m);
 }
@@ -269,74 +292,73 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
 
 /* ---------------------------------------------------------------- the thread pool */
 
-/* A pass is `items` independent work items. Threads claim them in small contiguous chunks
- * from one shared counter, each as it gets to it, instead of a fixed share per thread: on a
- * busy PC another program often has one of the threads' CPUs, and with fixed shares the pass
- * (ten a layer) waited for that thread to be scheduled again; now the threads that run take
- * its items. Which thread computes an item changes no bit: every item's values come from
- * the item alone (the kernels' rule), and `thread` only picks a scratch buffer. The workers
- * spin briefly between passes (a layer's passes are microseconds apart) and then sleep on a
- * condition variable, so an idle server costs no CPU.
+/* A step is a program of passes (dc_forward: ten a layer, then the head), and a pass is
+ * `items` independent work items. Threads claim items in small contiguous chunks from one
+ * shared counter, each as it gets to it, instead of a fixed share per thread: on a busy PC
+ * another program often has one of the threads' CPUs, and with fixed shares a pass waited
+ * for that thread to be scheduled again; now the threads that run take its items. Which
+ * thread computes an item changes no bit: every item's values come from the item alone (the
+ * kernels' rule), and `thread` only picks a scratch buffer. The workers spin briefly between
+ * passes (a layer's passes are microseconds apart) and then sleep on a condition variable,
+ * so an idle server costs no CPU.
+ *
+ * Any thread moves the program on: the one whose chunk finishes a pass installs the next,
+ * so a caller that another program has taken the CPU from does not hold the step up while
+ * a worker runs (it used to start every pass itself).
  *
  * Stealing (the products' passes, which are most of a step's time): a chunk already begun
- * by a thread that another program has taken the CPU from would hold the pass until that
- * thread is back, up to a scheduler tick (4 ms at 250 Hz; docs/latency.md). So when the
- * caller runs out of chunks to claim it takes the unfinished ones too, each from its end,
- * and the first thread to finish an item writes it: an item is computed into registers,
- * then a compare-and-swap on its mark (`marks`, stamped with the pass) lets exactly one
- * thread write it, so a residual add is never applied twice and the bits are the ones
- * either thread would write. A thread that comes back late finds its items marked, writes
- * nothing and leaves: `pass` has moved on. Until it leaves it may still read the pass's
- * inputs, so what it reads must outlive the pass: the pass's context is copied into a ring
- * (`ring`, RING passes deep; a thread checks `pass` after its copy, so a slot being reused
- * is never used), the weights are the model's, and whatever is freed or reallocated waits
- * first for every thread to be out of its chunks (quiesce: `inside`). It only writes memory
- * of a live pass: a mark is won only while the pass still lacks it, and the caller waits
- * for every item. The other passes (norms, rotary, attention, ...) are short and wait for
- * their chunks as before.
+ * by a thread that has lost its CPU would hold the pass until that thread is back, up to a
+ * scheduler tick (4 ms at 250 Hz; docs/latency.md). So a thread that runs out of chunks to
+ * claim takes the unfinished ones too, each from its end, and the first thread to finish an
+ * item writes it: an item is computed into registers, then a compare-and-swap on its mark
+ * (`marks`, stamped with the pass) lets exactly one thread write it, so a residual add is
+ * never applied twice and the bits are the ones either thread would write. A thread that
+ * comes back late finds its items marked, writes nothing and leaves: `pass` has moved on.
+ * Until it leaves it may still read the pass's inputs, so what it reads must outlive the
+ * pass: its context is in the program (a thread checks `pass` after copying it, so a slot
+ * being rewritten for a later step is never used), the weights are the model's, and
+ * whatever is freed or reallocated waits first for every thread to be out of its chunks
+ * (quiesce: `inside`). It only writes memory of a live pass: a mark is won only while the
+ * pass still lacks it, and a pass ends only when every item is written. The other passes
+ * (norms, rotary, attention, ...) are short and wait for their chunks.
  *
  * The counter is one 64-bit word, `claim`: the pass's generation, its item count and the
  * next unclaimed item. A thread claims with a compare-and-swap of the whole word, so it can
  * only ever take items of the pass it read the word of, within that pass's count, even if
- * it was descheduled for several passes in between. It reads `active`, fn, ctx and chunk
+ * it was descheduled for several passes in between. It reads `active` and the program
  * between its load of the word and the swap, so a swap that succeeds proves they are its
- * pass's (none changes before that pass's last item is claimed): a thread whose id the pass
- * does not use (whose scratch it may not have) takes nothing, even if the 20-bit generation
- * came round while it was off its CPU. `pass` counts passes in 64 bits (the marks' stamps,
- * which must never come round); the generation is its low bits.
+ * pass's (none changes before that pass's last item is claimed): a thread whose id the
+ * program does not use (whose scratch it may not have) takes nothing. `pass` counts passes
+ * in 64 bits (the marks' stamps, which must never come round); the generation is its low
+ * bits.
  *
- * One caller: a single thread calls dc_forward and dc_linear, and so run() and pool_grow().
- * In the server that is the inference thread (inference/runtime/worker.py), which loads the
- * model and runs every step; HTTP threads never call in. That is why the pool needs no lock
- * on its caller's side: started, born, fn, ctx, chunk, active and the ring are fields that
- * only the caller writes, only between passes (once `finished` has reached the pass's
- * items), after it has moved `pass` on; a worker reads them before its swap (above) or at
- * its start (pthread_create publishes). A second caller at the same time would overwrite a
- * pass in flight. The models' scratch buffers (dc_forward) rest on the same rule. */
-typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
+ * One caller: a single thread calls dc_forward and dc_linear, and so run_program() and
+ * pool_grow(). In the server that is the inference thread (inference/runtime/worker.py),
+ * which loads the model and runs every step; HTTP threads never call in. A program's
+ * fields (program, base, count, active) are written by the caller only between programs,
+ * after the last one `ended`; a second caller at the same time would overwrite a program in
+ * flight. The models' scratch buffers (dc_forward) rest on the same rule. */
 
 #define GEN_BITS 20
 #define GEN_MASK ((1u << GEN_BITS) - 1)
 #define COUNT_BITS 22 /* items a pass may have, and the next-item field: up to 4M */
 #define COUNT_MASK ((1ull << COUNT_BITS) - 1)
 #define CHUNKS 8 /* a pass in about this many chunks per thread */
-#define RING 4 /* stealable passes whose context a late thread may still be reading */
-#define SLOT 160 /* bytes of a ring slot: a Gemm and its Linear */
 
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
     unsigned born[MAX_THREADS]; /* per worker: the generation when it was started */
     _Atomic uint64_t claim; /* generation << 44 | items << 22 | next item */
-    _Atomic uint64_t pass; /* passes begun: the marks' clock; the generation is its low bits */
+    _Atomic uint64_t pass; /* the pass running: the marks' clock; the generation is its low bits */
+    _Atomic uint64_t ended; /* the last pass of the last program that ended */
     atomic_int finished, sleepers, inside;
-    _Atomic(work_fn) fn; /* a late worker may read these while the caller sets the next */
-    _Atomic(void *) ctx;
-    atomic_int chunk, active, steal;
+    _Atomic(Pass *) program; /* the running program: pass `base` is program[0] */
+    _Atomic uint64_t base;
+    atomic_int count, active;
     _Atomic uint64_t done[MAX_THREADS * CHUNKS]; /* per chunk: the last pass that finished it */
     _Atomic uint64_t *marks; /* per item block of a stealable pass: 2 pass (won), 2 pass + 1 (written) */
     size_t marks_len;
-    _Alignas(64) unsigned char ring[RING][SLOT];
     pthread_mutex_t mutex;
     pthread_cond_t wake;
 } pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
@@ -346,20 +368,28 @@ static struct {
 static _Thread_local uint64_t chunk_pass;
 static _Thread_local int stealing;
 
-/* The tests' late thread (dc_test_pause): the next stealable chunk a worker claims, it
- * sleeps first, as if another program had its CPU. */
-static atomic_int pause_us, paused;
+/* The tests' late thread (dc_test_pause): the next stealable chunk that thread `thread`
+ * (0: the caller) claims, it sleeps first, as if another program had its CPU. */
+static atomic_int pause_us, pause_thread, paused, ended_in_pause;
 
-void dc_test_pause(int us) { atomic_store(&pause_us, us); }
+void dc_test_pause(int us, int thread) {
+    atomic_store(&pause_thread, thread);
+    atomic_store(&pause_us, us);
+}
 
 int dc_test_paused(void) { return atomic_load(&paused); } /* pauses begun */
+
+/* pauses during which the other threads finished the program */
+int dc_test_ended_in_pause(void) { return atomic_load(&ended_in_pause); }
 
 static void pause_for_test(void) {
     int us = atomic_exchange(&pause_us, 0);
     if (!us) return;
     atomic_fetch_add(&paused, 1);
+    uint64_t last = atomic_load(&pool.base) + atomic_load(&pool.count) - 1;
     struct timespec ts = {us / 1000000, us % 1000000 * 1000L};
     nanosleep(&ts, NULL);
+    if (atomic_load(&pool.ended) >= last) atomic_fetch_add(&ended_in_pause, 1);
 }
 
 static inline unsigned gen_of(uint64_t word) { return (unsigned)(word >> (2 * COUNT_BITS)); }
@@ -378,38 +408,88 @@ static double now_us(void) {
 
 #define SPIN_US 200.0
 
-/* Chunk c of `pass`, `count` items, is done: counted once, by whichever thread gets here
- * first (a stolen chunk comes here twice). */
-static void chunk_done(uint64_t pass, int c, int count) {
+static inline int chunk_of(int items, int active) {
+    return (items + active * CHUNKS - 1) / (active * CHUNKS);
+}
+
+/* Makes `pass` (of the running program) the one threads claim from, and wakes sleepers. */
+static void install(uint64_t pass) {
+    const Pass *p = &atomic_load(&pool.program)[pass - atomic_load(&pool.base)];
+    atomic_store(&pool.pass, pass); /* first: a late thread that reads it knows its pass ended */
+    atomic_store(&pool.finished, 0);
+    atomic_store(&pool.claim, (uint64_t)(pass & GEN_MASK) << (2 * COUNT_BITS) |
+                                  (uint64_t)p->items << COUNT_BITS);
+    if (atomic_load(&pool.sleepers)) {
+        pthread_mutex_lock(&pool.mutex);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.mutex);
+    }
+}
+
+/* Chunk c of `pass`, `count` of its `items`, is done: counted once, by whichever thread
+ * gets here first (a stolen chunk comes here twice). The count that completes the pass
+ * moves the program on. */
+static void chunk_done(uint64_t pass, int c, int count, int items) {
     uint64_t seen = atomic_load(&pool.done[c]);
     while (seen < pass)
         if (atomic_compare_exchange_weak(&pool.done[c], &seen, pass)) {
-            atomic_fetch_add(&pool.finished, count);
+            if (atomic_fetch_add(&pool.finished, count) + count < items) return;
+            if (pass + 1 - atomic_load(&pool.base) < (uint64_t)atomic_load(&pool.count)) {
+                install(pass + 1);
+            } else {
+                atomic_store(&pool.pass, pass + 1); /* no pass: late threads leave */
+                atomic_store(&pool.ended, pass);
+            }
             return;
         }
 }
 
 /* Claims and runs chunks of the pass of generation `gen` until none is left (or that pass
- * is over). */
+ * is over); then, if the pass is stealable, its unfinished chunks. */
 static void take_items(unsigned gen, int thread) {
     atomic_fetch_add(&pool.inside, 1);
+    uint64_t pass;
+    const Pass *p;
     for (;;) {
-        uint64_t word = atomic_load(&pool.claim), pass = atomic_load(&pool.pass);
+        uint64_t word = atomic_load(&pool.claim), now = atomic_load(&pool.pass);
         int items = (int)((word >> COUNT_BITS) & COUNT_MASK), next = (int)(word & COUNT_MASK);
-        if (gen_of(word) != gen || next >= items || thread >= atomic_load(&pool.active)) break;
-        if ((pass & GEN_MASK) != gen) continue; /* the caller is between its two stores */
-        work_fn fn = atomic_load(&pool.fn);
-        void *ctx = atomic_load(&pool.ctx);
-        int chunk = atomic_load(&pool.chunk), end = next + chunk < items ? next + chunk : items;
-        int steal = atomic_load(&pool.steal);
+        int active = atomic_load(&pool.active);
+        if (gen_of(word) != gen || next >= items || thread >= active) break;
+        if ((now & GEN_MASK) != gen) continue; /* the pass is being installed */
+        const Pass *q = &atomic_load(&pool.program)[now - atomic_load(&pool.base)];
+        int chunk = chunk_of(items, active), end = next + chunk < items ? next + chunk : items;
         if (!atomic_compare_exchange_weak(&pool.claim, &word, word + (uint64_t)(end - next)))
             continue;
+        pass = now;
+        p = q;
         chunk_pass = pass;
         stealing = 0;
-        if (thread && steal && atomic_load_explicit(&pause_us, memory_order_relaxed))
+        if (p->steal && atomic_load_explicit(&pause_us, memory_order_relaxed) &&
+            thread == atomic_load(&pause_thread))
             pause_for_test();
-        fn(ctx, next, end, thread);
-        chunk_done(pass, next / chunk, end - next);
+        p->fn((void *)p->ctx, next, end, thread);
+        chunk_done(pass, next / chunk, end - next, items);
+    }
+    /* What is left of a stealable pass: chunks begun by threads not running now. The
+     * program's fields are read as a seqlock's reader does: then `pass` again, unchanged. */
+    pass = atomic_load(&pool.pass);
+    uint64_t base = atomic_load(&pool.base);
+    Pass *program = atomic_load(&pool.program);
+    int count = atomic_load(&pool.count), active = atomic_load(&pool.active);
+    if ((pass & GEN_MASK) == gen && atomic_load(&pool.pass) == pass && thread < active &&
+        pass - base < (uint64_t)count) {
+        p = &program[pass - base];
+        work_fn fn = p->fn;
+        int items = p->items, steal = p->steal, chunk = chunk_of(items, active);
+        atomic_thread_fence(memory_order_acquire);
+        for (int c = 0; steal && c * chunk < items && atomic_load(&pool.pass) == pass; c++) {
+            if (atomic_load(&pool.done[c]) >= pass) continue;
+            int end = (c + 1) * chunk < items ? (c + 1) * chunk : items;
+            chunk_pass = pass;
+            stealing = 1;
+            fn((void *)p->ctx, c * chunk, end, thread);
+            chunk_done(pass, c, end - c * chunk, items);
+        }
     }
     atomic_fetch_sub(&pool.inside, 1);
 }
@@ -422,36 +502,48 @@ static void quiesce(void) {
         else sched_yield();
 }
 
+/* Until the generation moves on from `seen` (or, for the caller, the program ends): spin a
+ * while, then sleep. */
+static unsigned next_gen(unsigned seen, uint64_t last) {
+    double since = 0;
+    unsigned spins = 0, gen;
+    while ((gen = gen_of(atomic_load(&pool.claim))) == seen) {
+        if (last && atomic_load(&pool.ended) >= last) return gen;
+        relax();
+        if (++spins % 256) continue;
+        if (last) { /* the caller never sleeps (its step is running), but a worker that is
+                     * finishing the pass may be waiting for this CPU */
+            if (!(spins % 1024)) sched_yield();
+            continue;
+        }
+        if (!since) since = now_us();
+        else if (now_us() - since > SPIN_US) {
+            pthread_mutex_lock(&pool.mutex);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (gen_of(atomic_load(&pool.claim)) == seen)
+                pthread_cond_wait(&pool.wake, &pool.mutex);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mutex);
+        }
+    }
+    return gen;
+}
+
 static void *worker(void *arg) {
     /* A worker started after some passes must not take the last pass, long over, for a new
      * one, so it starts from the generation it was born in. */
     int id = (int)(intptr_t)arg;
-    unsigned seen = pool.born[id], gen;
+    unsigned seen = pool.born[id];
     for (;;) {
-        double since = 0;
-        unsigned spins = 0;
-        while ((gen = gen_of(atomic_load(&pool.claim))) == seen) {
-            relax();
-            if (++spins % 256) continue;
-            if (!since) since = now_us();
-            else if (now_us() - since > SPIN_US) {
-                pthread_mutex_lock(&pool.mutex);
-                atomic_fetch_add(&pool.sleepers, 1);
-                while (gen_of(atomic_load(&pool.claim)) == seen)
-                    pthread_cond_wait(&pool.wake, &pool.mutex);
-                atomic_fetch_sub(&pool.sleepers, 1);
-                pthread_mutex_unlock(&pool.mutex);
-            }
-        }
-        seen = gen;
-        take_items(gen, id);
+        seen = next_gen(seen, 0);
+        take_items(seen, id);
     }
     return NULL;
 }
 
 static int pool_grow(int threads) {
     while (pool.started < threads - 1) {
-        /* between passes: no one moves the generation (pthread_create publishes this) */
+        /* between programs: no one moves the generation (pthread_create publishes this) */
         pool.born[pool.started + 1] = gen_of(atomic_load(&pool.claim));
         if (pthread_create(&pool.thread[pool.started], NULL, worker,
                            (void *)(intptr_t)(pool.started + 1)))
@@ -461,65 +553,34 @@ static int pool_grow(int threads) {
     return 0;
 }
 
-/* Runs fn over [0, items) on up to `threads` threads (the caller is thread 0). Only the one
- * calling thread enters (see the pool): it returns once every item is done. With `steal`,
- * fn commits each item through the marks (gemm_tiles) and ctx points at the pass's ring
- * slot (ring_slot), and the caller takes unfinished chunks too. */
-static void run_pass(int threads, work_fn fn, void *ctx, int items, int steal) {
-    if (threads <= 1 || items <= 1 || (uint64_t)items > COUNT_MASK) {
-        if (items > 0) {
-            chunk_pass = atomic_load(&pool.pass);
+/* Runs the `count` passes of `program` in order, each over the threads (the caller is
+ * thread 0, the pool's workers the rest, up to `threads`): returns once the last is done.
+ * Only the one calling thread enters (see the pool). */
+static void run_program(int threads, Pass *program, int count) {
+    uint64_t base = atomic_load(&pool.pass) + 1, last = base + count - 1;
+    if (threads > pool.started + 1) threads = pool.started + 1;
+    if (threads <= 1) { /* in order on this thread; `pass` still moves, for the marks */
+        for (int i = 0; i < count; i++) {
+            atomic_store(&pool.pass, base + i);
+            chunk_pass = base + i;
             stealing = 0;
-            fn(ctx, 0, items, 0);
+            if (program[i].items > 0) program[i].fn(program[i].ctx, 0, program[i].items, 0);
         }
+        atomic_store(&pool.pass, last + 1);
         return;
     }
-    if (threads > items) threads = items;
-    uint64_t pass = atomic_load(&pool.pass) + (steal ? 0 : 1); /* ring_slot moved it on */
-    unsigned gen = (unsigned)(pass & GEN_MASK);
-    int chunk = (items + threads * CHUNKS - 1) / (threads * CHUNKS);
-    atomic_store(&pool.pass, pass); /* first: a late thread that reads it knows its pass ended */
-    atomic_store(&pool.fn, fn);
-    atomic_store(&pool.ctx, ctx);
+    atomic_store(&pool.program, program);
+    atomic_store(&pool.base, base);
+    atomic_store(&pool.count, count);
     atomic_store(&pool.active, threads);
-    atomic_store(&pool.chunk, chunk);
-    atomic_store(&pool.steal, steal);
-    atomic_store(&pool.finished, 0);
-    atomic_store(&pool.claim, (uint64_t)gen << (2 * COUNT_BITS) | (uint64_t)items << COUNT_BITS);
-    if (atomic_load(&pool.sleepers)) {
-        pthread_mutex_lock(&pool.mutex);
-        pthread_cond_broadcast(&pool.wake);
-        pthread_mutex_unlock(&pool.mutex);
+    install(base);
+    unsigned gen = (unsigned)(base & GEN_MASK);
+    for (;;) {
+        take_items(gen, 0);
+        if (atomic_load(&pool.ended) >= last) return;
+        gen = next_gen(gen, last);
+        if (atomic_load(&pool.ended) >= last) return;
     }
-    take_items(gen, 0);
-    for (int c = 0; steal && c * chunk < items && atomic_load(&pool.finished) < items; c++) {
-        if (atomic_load(&pool.done[c]) >= pass) continue;
-        int end = (c + 1) * chunk < items ? (c + 1) * chunk : items;
-        chunk_pass = pass;
-        stealing = 1;
-        fn(ctx, c * chunk, end, 0);
-        chunk_done(pass, c, end - c * chunk);
-    }
-    unsigned spins = 0;
-    while (atomic_load(&pool.finished) < items)
-        if (++spins % 1024) relax();
-        else sched_yield();
-}
-
-static void run(int threads, work_fn fn, void *ctx, int items) {
-    run_pass(threads, fn, ctx, items, 0);
-}
-
-/* The next stealable pass's ring slot, `bytes` of its context copied in. The pass counter
- * moves on first, so a late thread that copied this slot for an older pass sees its pass
- * is over (the fence orders the counter before the copy, as a seqlock's writer). */
-static void *ring_slot(const void *context, size_t bytes) {
-    uint64_t pass = atomic_load(&pool.pass) + 1;
-    atomic_store(&pool.pass, pass);
-    atomic_thread_fence(memory_order_release);
-    void *slot = pool.ring[pass % RING];
-    memcpy(slot, context, bytes);
-    return slot;
 }
 
 /* Room for a stealable pass's `blocks` marks (grown only while no thread is in a chunk). */
@@ -567,16 +628,20 @@ static float abs_max(const float *x, int n) {
 /* x -> int8 in [-127, 127] (half to even) and its scale; x is left as it is. Also the sum of
  * each GROUP of q (|32 x 127| fits int16): what 4-bit weights' offsets need (at dot4_rows),
  * computed once per row for every channel of the pass. */
-static void quantize_row(const float *x, int n, int8_t *q, float *scale, int16_t *sums) {
+static void quantize_row(const float *x, int n, int8_t *q, float *scale, int16_t *sums,
+                         int32_t *total) {
     float s = abs_max(x, n);
     s = (s < 1e-12f ? 1e-12f : s) / 127.0f;
     for (int i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] / s);
     *scale = s;
+    int32_t all = 0;
     for (int g = 0; g < n / GROUP; g++) {
         int sum = 0;
         for (int i = 0; i < GROUP; i++) sum += q[g * GROUP + i];
         sums[g] = (int16_t)sum;
+        all += sum;
     }
+    *total = all; /* the row's sum: what the offset trick takes away (products) */
 }
 
 /* RMSNorm(x) * weight, into out */
@@ -936,16 +1001,17 @@ static inline void tile_rows(const Gemm *g, _Atomic uint64_t *mark, uint64_t pas
                 return;
             }
     }
-    while (atomic_load_explicit(mark, memory_order_acquire) == 2 * pass)
-        relax(); /* another thread is writing it */
+    for (unsigned spins = 1; atomic_load_explicit(mark, memory_order_acquire) == 2 * pass;)
+        if (++spins % 1024) relax(); /* another thread is writing it ... */
+        else sched_yield(); /* ... and may be waiting for this CPU */
 }
 
-/* A Gemm as the ring holds it: with its own copy of the Linear (dc_linear's is on a stack). */
+/* A Gemm as a pass holds it: with its own copy of the Linear (dc_linear's is on a stack). */
 typedef struct {
     Gemm g;
     Linear l;
 } GemmSlot;
-_Static_assert(sizeof(GemmSlot) <= SLOT, "a ring slot holds a GemmSlot");
+_Static_assert(sizeof(GemmSlot) <= SLOT, "a pass holds a GemmSlot");
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
     (void)thread;
@@ -969,26 +1035,25 @@ static void gemm_tiles(void *ctx, int begin, int end, int thread) {
     }
 }
 
-/* `total` has room for a sum per row: the offset trick's (dot_rows), unused elsewhere.
- * The pool's marks must have room for the pass (marks_fit). */
-static void gemm(int threads, const Linear *l, const int8_t *x, const float *xs,
-                const int16_t *xsum, int32_t *total, int rows, float *y, int ystride, int add) {
+/* Pass p: y [rows, ystride] (=, or += with add) x [rows, k] through l, x quantized with its
+ * scales, group sums and sums (quantize_row). The pool's marks must have room for it.
+ * Returns the next pass (p itself when there are no rows). */
+static Pass *gemm(Pass *p, const Linear *l, const int8_t *x, const float *xs,
+                 const int16_t *xsum, const int32_t *total, int rows, float *y, int ystride,
+                 int add) {
+    if (rows <= 0) return p;
     int width = rows <= ROWS ? WIDE_TILES * TILE : TILE;
     GemmSlot s = {{NULL, x, xs, xsum, NULL, rows, y, ystride, add, width}, *l};
 #ifdef OFFSET_TRICK
-    if (!l->q4) { /* each row's sum, from its group sums: what the trick takes away */
-        int groups = l->k / GROUP;
-        for (int r = 0; r < rows; r++) {
-            int32_t sum = 0;
-            for (int j = 0; j < groups; j++) sum += xsum[(size_t)r * groups + j];
-            total[r] = sum;
-        }
-        s.g.xtotal = total;
-    }
+    if (!l->q4) s.g.xtotal = total;
 #else
     (void)total;
 #endif
-    run_pass(threads, gemm_tiles, ring_slot(&s, sizeof s), (l->n + width - 1) / width, 1);
+    p->fn = gemm_tiles;
+    p->items = (l->n + width - 1) / width;
+    p->steal = 1;
+    memcpy(p->ctx, &s, sizeof s);
+    return p + 1;
 }
 
 /* ---------------------------------------------------------------- a step */
@@ -1010,7 +1075,29 @@ typedef struct {
     float *gu; /* [rows, 2 inter] */
     float *scores; /* per thread: a query group's scores, [group, stride] */
     int stride; /* the longest row's keys, rounded up to 8: scores go 8 at a time */
+    const int32_t *out; /* the rows whose logits are asked ... */
+    float *last; /* ... gathered here [n_out, hidden] (gather_last) */
 } Step;
+_Static_assert(sizeof(Step) <= SLOT, "a pass holds a Step");
+
+/* Pass p: fn over `items` with the step's fields as they are now. Returns the next pass
+ * (p itself for no items). */
+static Pass *step_pass(Pass *p, work_fn fn, const Step *s, int items) {
+    if (items <= 0) return p;
+    p->fn = fn;
+    p->items = items;
+    p->steal = 0;
+    memcpy(p->ctx, s, sizeof *s);
+    return p + 1;
+}
+
+static void gather_last(void *ctx, int begin, int end, int thread) {
+    (void)thread;
+    const Step *s = ctx;
+    size_t hidden = (size_t)s->m->hidden;
+    for (int j = begin; j < end; j++)
+        memcpy(s->last + j * hidden, s->hidden + s->out[j] * hidden, sizeof(float) * hidden);
+}
 
 static void norm_rows(void *ctx, int begin, int end, int thread) {
     Step *s = ctx;
@@ -1019,7 +1106,7 @@ static void norm_rows(void *ctx, int begin, int end, int thread) {
     for (int r = begin; r < end; r++) {
         rms_norm(s->hidden + (size_t)r * m->hidden, s->norm, m->hidden, m->eps, tmp);
         quantize_row(tmp, m->hidden, s->xq + (size_t)r * m->hidden, s->xs + r,
-                     s->xsum + (size_t)r * (m->hidden / GROUP));
+                     s->xsum + (size_t)r * (m->hidden / GROUP), s->xtotal + r);
     }
 }
 
@@ -1228,7 +1315,7 @@ static void quantize_attn(void *ctx, int begin, int end, int thread) {
     int k = s->m->heads * s->m->head_dim;
     for (int r = begin; r < end; r++)
         quantize_row(s->attn + (size_t)r * k, k, s->xq + (size_t)r * k, s->xs + r,
-                     s->xsum + (size_t)r * (k / GROUP));
+                     s->xsum + (size_t)r * (k / GROUP), s->xtotal + r);
 }
 
 /* silu(gate) * up, quantized for down */
@@ -1242,7 +1329,7 @@ static void silu_mul(void *ctx, int begin, int end, int thread) {
             *(v8f *)(gate + i) = g / (1.0f + exp8(-g)) * *(v8f *)(up + i);
         }
         quantize_row(gate, inter, s->xq + (size_t)r * inter, s->xs + r,
-                     s->xsum + (size_t)r * (inter / GROUP));
+                     s->xsum + (size_t)r * (inter / GROUP), s->xtotal + r);
     }
 }
 
@@ -1320,31 +1407,32 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     const Scratch *b = &m->scratch;
     Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
               .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .xtotal = b->xtotal, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
-              .scores = b->scores, .stride = stride};
+              .scores = b->scores, .stride = stride, .out = out, .last = b->last};
+    Pass *p = m->program;
+    atomic_thread_fence(memory_order_release); /* a late thread may be copying a pass (the pool) */
     for (int i = 0; i < m->layers; i++) {
         const Layer *l = &m->layer[i];
         s.layer = i;
         s.norm = l->input_norm;
-        run(threads, norm_rows, &s, rows);                                   /* pass 1 */
-        gemm(threads, &l->qkv, s.xq, s.xs, s.xsum, s.xtotal, rows, s.qkv, width, 0);           /* 2 */
-        run(threads, rope_and_store, &s, rows);                              /* 3 */
-        run(threads, attend, &s, rows * m->kv_heads);                        /* 4 */
-        run(threads, quantize_attn, &s, rows);                               /* 5 */
-        gemm(threads, &l->o, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);        /* 6 */
+        p = step_pass(p, norm_rows, &s, rows);                                   /* pass 1 */
+        p = gemm(p, &l->qkv, s.xq, s.xs, s.xsum, s.xtotal, rows, s.qkv, width, 0);           /* 2 */
+        p = step_pass(p, rope_and_store, &s, rows);                              /* 3 */
+        p = step_pass(p, attend, &s, rows * m->kv_heads);                        /* 4 */
+        p = step_pass(p, quantize_attn, &s, rows);                               /* 5 */
+        p = gemm(p, &l->o, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);        /* 6 */
         s.norm = l->post_norm;
-        run(threads, norm_rows, &s, rows);                                   /* 7 */
-        gemm(threads, &l->gate_up, s.xq, s.xs, s.xsum, s.xtotal, rows, s.gu, 2 * m->inter, 0); /* 8 */
-        run(threads, silu_mul, &s, rows);                                    /* 9 */
-        gemm(threads, &l->down, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);     /* 10 */
+        p = step_pass(p, norm_rows, &s, rows);                                   /* 7 */
+        p = gemm(p, &l->gate_up, s.xq, s.xs, s.xsum, s.xtotal, rows, s.gu, 2 * m->inter, 0); /* 8 */
+        p = step_pass(p, silu_mul, &s, rows);                                    /* 9 */
+        p = gemm(p, &l->down, s.xq, s.xs, s.xsum, s.xtotal, rows, hidden, m->hidden, 1);     /* 10 */
     }
-    for (int j = 0; j < n_out; j++)
-        memcpy(b->last + (size_t)j * m->hidden, hidden + (size_t)out[j] * m->hidden,
-               sizeof(float) * m->hidden);
+    p = step_pass(p, gather_last, &s, n_out);
     Step f = s;
     f.hidden = b->last;
     f.norm = m->final_norm;
-    run(threads, norm_rows, &f, n_out);
-    gemm(threads, &m->head, f.xq, f.xs, f.xsum, f.xtotal, n_out, logits, m->vocab, 0);
+    p = step_pass(p, norm_rows, &f, n_out);
+    p = gemm(p, &m->head, f.xq, f.xs, f.xsum, f.xtotal, n_out, logits, m->vocab, 0);
+    run_program(threads, m->program, (int)(p - m->program));
     return 0;
 }
 
@@ -1364,8 +1452,9 @@ static int linear_alone(const Linear *l, int rows, const float *x, float *y, int
     if (ok) {
         for (int r = 0; r < rows; r++)
             quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xs + r,
-                         xsum + (size_t)r * (k / GROUP));
-        gemm(threads, l, xq, xs, xsum, total, rows, y, l->n, 0);
+                         xsum + (size_t)r * (k / GROUP), total + r);
+        Pass one;
+        run_program(threads, &one, (int)(gemm(&one, l, xq, xs, xsum, total, rows, y, l->n, 0) - &one));
     }
     quiesce(); /* a late thread may still read xq and the weights */
     free(xq);

@@ -329,11 +329,11 @@ def test_a_prompt_chunked_or_drafted_gives_the_same_bits(native_decoder):
 
 
 def greedy(decoder, prompt, until) -> tuple[list, list[float]]:
-    """Greedy steps after `prompt` until `until(step, seconds so far)` says stop: each
-    step's logits and wall time (s)."""
+    """Greedy steps after `prompt` until `until(times)` says stop, given the wall time (s)
+    of each step so far: each step's logits, and those times."""
     cache = decoder.new_cache(CONTEXT)
     ids, rows, times = list(prompt), [], []
-    while not until(len(rows), sum(times)):
+    while not until(times):
         start = time.perf_counter()
         row = decoder.forward([Segment(cache, ids, decoding=bool(rows))])[-1]
         times.append(time.perf_counter() - start)
@@ -342,32 +342,39 @@ def greedy(decoder, prompt, until) -> tuple[list, list[float]]:
     return rows, times
 
 
-def test_a_step_does_not_wait_for_a_thread_that_lost_its_cpu(native_decoder):
+@pytest.mark.parametrize("who", ["worker", "caller"])
+def test_a_step_goes_on_without_a_thread_that_lost_its_cpu(native_decoder, who):
     """A pool thread kept off its CPU in the middle of a product's chunk (dc_test_pause: it
-    sleeps first, as behind a busy program) holds no step up: the caller takes the chunk
-    from its end. When it is back, steps later, it writes nothing: every step has the bits
-    of a run without the pause."""
+    sleeps first, as behind a busy program) holds no step up. A worker's chunk is taken by
+    the caller, from its end; a caller's by the worker, which then runs the rest of the
+    step's passes alone. The late thread, when it is back, writes nothing: every step has
+    the bits of a run without the pause."""
     dll = native_decoder._native.lib.dll
     pause_s, prompt = 0.3, range(300, 340)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    begun = dll.dc_test_paused()
+    begun, ended = dll.dc_test_paused(), dll.dc_test_ended_in_pause()
 
-    def until(step: int, seconds: float) -> bool:
+    def until(times: list[float]) -> bool:
         """Pause the next chunk after the prompt; stop well after the thread is back."""
-        if step == 1:
-            dll.dc_test_pause(int(pause_s * 1e6))
-        return step > 400 or seconds > 2 * pause_s
+        if len(times) == 1:
+            dll.dc_test_pause(int(pause_s * 1e6), 0 if who == "caller" else 1)
+        return len(times) > 400 or sum(times[1:]) > 2 * pause_s
 
     try:
         rows, times = greedy(native_decoder, prompt, until)
         paused = dll.dc_test_paused() - begun
-        dll.dc_test_pause(0)
-        reference, _ = greedy(native_decoder, prompt, lambda step, _: step == len(rows))
+        ended = dll.dc_test_ended_in_pause() - ended
+        dll.dc_test_pause(0, 0)
+        reference, _ = greedy(native_decoder, prompt, lambda done: len(done) == len(rows))
     finally:
         torch.set_num_threads(threads)
-    assert paused == 1, "no worker claimed a product's chunk: nothing was tested"
-    assert max(times[1:]) < pause_s / 2, "a step waited for the paused thread"
+    assert paused == 1, "no such thread claimed a product's chunk: nothing was tested"
+    if who == "worker":
+        assert max(times[1:]) < pause_s / 2, "a step waited for the paused worker"
+    else:  # the caller's own step lasts its pause; the worker ran the rest of it meanwhile
+        assert ended == 1, "the step's passes waited for the paused caller"
+        assert sorted(times[1:])[-2] < pause_s / 2
     for i, (a, b) in enumerate(zip(reference, rows, strict=True)):
         assert torch.equal(a, b), i
 
