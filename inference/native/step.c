@@ -345,20 +345,25 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
 #define COUNT_MASK ((1ull << COUNT_BITS) - 1)
 #define CHUNKS 8 /* a pass in about this many chunks per thread */
 
+/* Fields that different threads write often are a cache line apart, and apart from `pass`,
+ * which every item of a product reads: sharing a line with them cost a decode step ~8 %. */
+#define LINE _Alignas(64)
 static struct {
     int started; /* worker threads running */
     pthread_t thread[MAX_THREADS];
     unsigned born[MAX_THREADS]; /* per worker: the generation when it was started */
-    _Atomic uint64_t claim; /* generation << 44 | items << 22 | next item */
-    _Atomic uint64_t pass; /* the pass running: the marks' clock; the generation is its low bits */
+    LINE _Atomic uint64_t claim; /* generation << 44 | items << 22 | next item */
+    LINE atomic_int finished;
+    LINE atomic_int inside;
+    LINE _Atomic uint64_t pass; /* the pass running: the marks' clock; the generation is its low bits */
     _Atomic uint64_t ended; /* the last pass of the last program that ended */
-    atomic_int finished, sleepers, inside;
     _Atomic(Pass *) program; /* the running program: pass `base` is program[0] */
     _Atomic uint64_t base;
-    atomic_int count, active;
-    _Atomic uint64_t done[MAX_THREADS * CHUNKS]; /* per chunk: the last pass that finished it */
-    _Atomic uint64_t *marks; /* per item block of a stealable pass: 2 pass (won), 2 pass + 1 (written) */
+    atomic_int count, active, sleepers;
+    _Atomic uint64_t *marks; /* per item block of a stealable pass: 2 pass (won), 2 pass + 1
+                              * (written); each chunk's from a cache line of its own (mark_at) */
     size_t marks_len;
+    LINE _Atomic uint64_t done[MAX_THREADS * CHUNKS]; /* per chunk: the last pass that finished it */
     pthread_mutex_t mutex;
     pthread_cond_t wake;
 } pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
@@ -366,7 +371,16 @@ static struct {
 /* The pass a thread's current chunk belongs to, and whether it is being stolen (items from
  * the end), for the work functions that commit through marks. */
 static _Thread_local uint64_t chunk_pass;
-static _Thread_local int stealing;
+static _Thread_local int stealing, chunk_items; /* ... and its pass's chunk size */
+
+/* The mark of item block i of a chunk of a pass with `chunk` items a chunk and `blocks`
+ * blocks an item, the chunk beginning at item `begin`: each chunk's marks start a cache
+ * line, so two threads' chunks never share one. */
+#define MARKS_A_LINE 8
+static inline size_t mark_at(int begin, int chunk, int blocks, size_t i) {
+    size_t line = ((size_t)chunk * blocks + MARKS_A_LINE - 1) / MARKS_A_LINE * MARKS_A_LINE;
+    return (size_t)(begin / chunk) * line + i;
+}
 
 /* The tests' late thread (dc_test_pause): the next stealable chunk that thread `thread`
  * (0: the caller) claims, it sleeps first, as if another program had its CPU. */
@@ -426,20 +440,32 @@ static void install(uint64_t pass) {
     }
 }
 
+/* Pass `next` of the running program is due: run here and now while it is one item of a
+ * pass that cannot be stolen (a decode step's norms, rotary, quantization: microseconds,
+ * and handing them to another core costs more), then install the next, or end. */
+static void move_on(uint64_t next, int thread) {
+    const Pass *program = atomic_load(&pool.program);
+    uint64_t base = atomic_load(&pool.base), end = base + (uint64_t)atomic_load(&pool.count);
+    for (; next < end && program[next - base].items == 1 && !program[next - base].steal; next++) {
+        atomic_store(&pool.pass, next); /* late threads of the pass before leave */
+        program[next - base].fn((void *)program[next - base].ctx, 0, 1, thread);
+    }
+    if (next < end) {
+        install(next);
+    } else {
+        atomic_store(&pool.pass, next); /* no pass: late threads leave */
+        atomic_store(&pool.ended, next - 1);
+    }
+}
+
 /* Chunk c of `pass`, `count` of its `items`, is done: counted once, by whichever thread
  * gets here first (a stolen chunk comes here twice). The count that completes the pass
  * moves the program on. */
-static void chunk_done(uint64_t pass, int c, int count, int items) {
+static void chunk_done(uint64_t pass, int c, int count, int items, int thread) {
     uint64_t seen = atomic_load(&pool.done[c]);
     while (seen < pass)
         if (atomic_compare_exchange_weak(&pool.done[c], &seen, pass)) {
-            if (atomic_fetch_add(&pool.finished, count) + count < items) return;
-            if (pass + 1 - atomic_load(&pool.base) < (uint64_t)atomic_load(&pool.count)) {
-                install(pass + 1);
-            } else {
-                atomic_store(&pool.pass, pass + 1); /* no pass: late threads leave */
-                atomic_store(&pool.ended, pass);
-            }
+            if (atomic_fetch_add(&pool.finished, count) + count == items) move_on(pass + 1, thread);
             return;
         }
 }
@@ -464,11 +490,12 @@ static void take_items(unsigned gen, int thread) {
         p = q;
         chunk_pass = pass;
         stealing = 0;
+        chunk_items = chunk;
         if (p->steal && atomic_load_explicit(&pause_us, memory_order_relaxed) &&
             thread == atomic_load(&pause_thread))
             pause_for_test();
         p->fn((void *)p->ctx, next, end, thread);
-        chunk_done(pass, next / chunk, end - next, items);
+        chunk_done(pass, next / chunk, end - next, items, thread);
     }
     /* What is left of a stealable pass: chunks begun by threads not running now. The
      * program's fields are read as a seqlock's reader does: then `pass` again, unchanged. */
@@ -487,8 +514,9 @@ static void take_items(unsigned gen, int thread) {
             int end = (c + 1) * chunk < items ? (c + 1) * chunk : items;
             chunk_pass = pass;
             stealing = 1;
+            chunk_items = chunk;
             fn((void *)p->ctx, c * chunk, end, thread);
-            chunk_done(pass, c, end - c * chunk, items);
+            chunk_done(pass, c, end - c * chunk, items, thread);
         }
     }
     atomic_fetch_sub(&pool.inside, 1);
@@ -564,6 +592,7 @@ static void run_program(int threads, Pass *program, int count) {
             atomic_store(&pool.pass, base + i);
             chunk_pass = base + i;
             stealing = 0;
+            chunk_items = program[i].items;
             if (program[i].items > 0) program[i].fn(program[i].ctx, 0, program[i].items, 0);
         }
         atomic_store(&pool.pass, last + 1);
@@ -573,8 +602,9 @@ static void run_program(int threads, Pass *program, int count) {
     atomic_store(&pool.base, base);
     atomic_store(&pool.count, count);
     atomic_store(&pool.active, threads);
-    install(base);
-    unsigned gen = (unsigned)(base & GEN_MASK);
+    move_on(base, 0);
+    if (atomic_load(&pool.ended) >= last) return;
+    unsigned gen = gen_of(atomic_load(&pool.claim));
     for (;;) {
         take_items(gen, 0);
         if (atomic_load(&pool.ended) >= last) return;
@@ -583,13 +613,17 @@ static void run_program(int threads, Pass *program, int count) {
     }
 }
 
-/* Room for a stealable pass's `blocks` marks (grown only while no thread is in a chunk). */
+/* Room for a stealable pass's `blocks` marks, each chunk's from a line of its own (grown
+ * only while no thread is in a chunk). */
 static int marks_fit(size_t blocks) {
+    blocks += (size_t)MARKS_A_LINE * MAX_THREADS * CHUNKS;
     if (blocks <= pool.marks_len) return 0;
     quiesce();
     size_t n = blocks > 2 * pool.marks_len ? blocks : 2 * pool.marks_len;
-    _Atomic uint64_t *marks = calloc(n, sizeof *marks);
+    size_t bytes = (sizeof(uint64_t) * n + 63) / 64 * 64;
+    _Atomic uint64_t *marks = aligned_alloc(64, bytes);
     if (!marks) return -1;
+    memset(marks, 0, bytes);
     free(pool.marks);
     pool.marks = marks;
     pool.marks_len = n;
@@ -1022,15 +1056,15 @@ static void gemm_tiles(void *ctx, int begin, int end, int thread) {
     if (atomic_load(&pool.pass) != pass) return; /* over (its slot may be another pass's now) */
     s.g.lin = &s.l;
     const Gemm *g = &s.g;
-    int n = s.l.n, blocks = (g->rows + ROWS - 1) / ROWS;
+    int n = s.l.n, blocks = (g->rows + ROWS - 1) / ROWS, chunk = chunk_items;
     for (int i = begin; i < end; i++) {
         int t = stealing ? begin + end - 1 - i : i; /* a stolen chunk from its end */
         if (atomic_load_explicit(&pool.pass, memory_order_relaxed) != pass) return;
         int n0 = t * g->width, n1 = n0 + g->width < n ? n0 + g->width : n;
         for (int b = 0; b < blocks; b++) {
             int r = b * ROWS;
-            tile_rows(g, &pool.marks[(size_t)t * blocks + b], pass, n0, n1, r,
-                      g->rows - r < ROWS ? g->rows - r : ROWS);
+            size_t at = mark_at(begin, chunk, blocks, (size_t)(t - begin) * blocks + b);
+            tile_rows(g, &pool.marks[at], pass, n0, n1, r, g->rows - r < ROWS ? g->rows - r : ROWS);
         }
     }
 }
