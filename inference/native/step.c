@@ -32,7 +32,7 @@
                         * 4: the pool steals (dc_test_pause) */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
-#define WIDE_TILES 4 /* ... and tiles per item when the rows fit one block (a decode step): a
+#define WIDE_TILES 8 /* ... and tiles per item when the rows fit one block (a decode step): a
                       * wider item keeps the pool's marks (gemm_tiles) few and cheap */
 #define ROWS 4  /* activation rows per weight load */
 #define GROUP 32 /* 4-bit weights: elements per sub-scale; a row's group sums (xsum) too */
