@@ -346,7 +346,8 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
 #define CHUNKS 8 /* a pass in about this many chunks per thread */
 
 /* Fields that different threads write often are a cache line apart, and apart from `pass`,
- * which every item of a product reads: sharing a line with them cost a decode step ~8 %. */
+ * which every item of a product reads (sharing lines was part of a 5-10 % cost to a quiet
+ * decode step, with one-item passes handed between cores: docs/latency.md). */
 #define LINE _Alignas(64)
 static struct {
     int started; /* worker threads running */
