@@ -20,7 +20,7 @@ from inference.native import build
 
 log = logging.getLogger("deskchat.native")
 
-ABI_VERSION = 4  # 2: the cache holds float16; 3: 4-bit weights; 4: the pool steals
+ABI_VERSION = 5  # 2: the cache holds float16; 3: 4-bit weights; 4: the pool steals; 5: every pass
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
@@ -37,10 +37,13 @@ _SIGNATURES = {
     "dc_linear": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_linear4": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _I]),
     "dc_half": (None, [_P, _I, _P, _P]),
-    "dc_test_pause": (None, [_I, _I]),
+    "dc_pool_quiet": (_I, []),
+    "dc_test_pause": (None, [_I, _I, _I]),
     "dc_test_paused": (_I, []),
     "dc_test_ended_in_pause": (_I, []),
 }
+# dc_test_pause's passes, by number: its work functions (step.c's `pausable`) in this order
+PAUSABLE = ("products", "norm", "rotary", "attention", "attention output", "silu", "gather")
 
 
 class Library:
@@ -134,6 +137,7 @@ class NativeModel:
         """`d`: the Decoder (inference/model/decoder.py) whose weights these are."""
         self.lib = lib
         self._keep = []  # every tensor the library points into
+        self._late: list[tuple] = []  # steps' buffers a late pool thread may still read
         self.vocab = d.lm_head.out_features
         self.handle = lib.dll.dc_model_new(
             len(d.layers), d.embed.embedding_dim, d.heads, d.kv_heads, d.head_dim,
@@ -188,6 +192,8 @@ class NativeModel:
         """hidden [rows, hidden] float32 (changed in place); row r goes at positions[r] (an
         integer tensor) of caches[r] (a SequenceCache already reserved for it). Returns
         float32 logits of the rows `out_rows`, [len(out_rows), vocab]."""
+        if self.lib.dll.dc_pool_quiet():
+            self._late.clear()
         pos = positions.to(torch.int32)
         ptrs = torch.tensor([c.buffer().data_ptr() for c in caches], dtype=torch.int64)
         alloc = torch.tensor([c.allocated for c in caches], dtype=torch.int32)
@@ -199,6 +205,9 @@ class NativeModel:
                 ptrs.data_ptr(), alloc.data_ptr(), len(out), out.data_ptr(),
                 logits.data_ptr(), self.threads or torch.get_num_threads(),
             )  # fmt: skip
+        # A pool thread kept off its CPU may still read this step's buffers after the call
+        # (step.c's stealing): they live until no thread is inside (checked at the next step)
+        self._late.append((hidden, pos, ptrs, alloc, out, [c.buffer() for c in caches]))
         if code == -2:
             raise ValueError("a position past the rotary table (the context)")
         if code:

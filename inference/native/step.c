@@ -28,8 +28,8 @@
 #include <immintrin.h>
 #endif
 
-#define ABI_VERSION 4 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set);
-                        * 4: the pool steals (dc_test_pause) */
+#define ABI_VERSION 5 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set);
+                        * 4: the pool steals (dc_test_pause); 5: from every pass */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
 #define WIDE_TILES 8 /* ... and tiles per item when the rows fit one block (a decode step): a
@@ -110,11 +110,11 @@ typedef void (*work_fn)(void *ctx, int begin, int end, int thread);
 #define PASSES 10 /* a layer's (dc_forward) */
 #define FINAL_PASSES 3 /* the rows whose logits are asked, gathered; their norm; the head */
 
-/* One pass of a program: fn over [0, items), its context copied in. */
+/* One pass of a program: fn over [0, items), its context copied in. Every fn commits each
+ * item through the pool's marks, so any chunk may be stolen (the pool). */
 typedef struct {
     work_fn fn;
     int items;
-    int steal; /* fn commits each item through the marks (gemm_tiles): chunks may be stolen */
     _Alignas(16) unsigned char ctx[SLOT];
 } Pass;
 
@@ -306,21 +306,24 @@ int dc_linear4_set(Model *m, int i, int part, const uint8_t *q4, const uint8_t *
  * so a caller that another program has taken the CPU from does not hold the step up while
  * a worker runs (it used to start every pass itself).
  *
- * Stealing (the products' passes, which are most of a step's time): a chunk already begun
- * by a thread that has lost its CPU would hold the pass until that thread is back, up to a
- * scheduler tick (4 ms at 250 Hz; docs/latency.md). So a thread that runs out of chunks to
- * claim takes the unfinished ones too, each from its end, and the first thread to finish an
- * item writes it: an item is computed into registers, then a compare-and-swap on its mark
- * (`marks`, stamped with the pass) lets exactly one thread write it, so a residual add is
- * never applied twice and the bits are the ones either thread would write. A thread that
- * comes back late finds its items marked, writes nothing and leaves: `pass` has moved on.
- * Until it leaves it may still read the pass's inputs, so what it reads must outlive the
+ * Stealing: a chunk already begun by a thread that has lost its CPU would hold the pass
+ * until that thread is back, up to a scheduler tick (4 ms at 250 Hz; docs/latency.md). So a
+ * thread that runs out of chunks to claim takes the unfinished ones too, each from its end,
+ * and the first thread to finish an item writes it: an item is computed into registers or
+ * the thread's stack, then a compare-and-swap on its mark (`marks`, stamped with the pass;
+ * claim_item) lets exactly one thread write it, so a residual add or an in-place rotation is
+ * never applied twice and the bits are the ones either thread would write. Every pass works
+ * so (the products since 2026-12-04, the norms, rotary, attention and the rest since
+ * 2026-12-05: a prompt's step spends more of its time in them than a decode step). A thread
+ * that comes back late finds its items marked, writes nothing and leaves: `pass` has moved
+ * on. Until it leaves it may still read the pass's inputs, so what it reads must outlive the
  * pass: its context is in the program (a thread checks `pass` after copying it, so a slot
- * being rewritten for a later step is never used), the weights are the model's, and
- * whatever is freed or reallocated waits first for every thread to be out of its chunks
- * (quiesce: `inside`). It only writes memory of a live pass: a mark is won only while the
- * pass still lacks it, and a pass ends only when every item is written. The other passes
- * (norms, rotary, attention, ...) are short and wait for their chunks.
+ * being rewritten for a later step is never used), the weights are the model's, the
+ * model's buffers are freed or reallocated only once every thread is out of its chunks
+ * (quiesce: `inside`), and the caller's (hidden, positions, caches) are kept alive by the
+ * caller until dc_pool_quiet says so (library.py). It only writes memory of a live pass: a
+ * mark is won only while the pass still lacks it, and a pass ends only when every item is
+ * written.
  *
  * The counter is one 64-bit word, `claim`: the pass's generation, its item count and the
  * next unclaimed item. A thread claims with a compare-and-swap of the whole word, so it can
@@ -383,14 +386,10 @@ static inline size_t mark_at(int begin, int chunk, int blocks, size_t i) {
     return (size_t)(begin / chunk) * line + i;
 }
 
-/* The tests' late thread (dc_test_pause): the next stealable chunk that thread `thread`
- * (0: the caller) claims, it sleeps first, as if another program had its CPU. */
+/* The tests' late thread (dc_test_pause): the next chunk of a pass of `pause_fn` that thread
+ * `thread` (0: the caller) claims, it sleeps first, as if another program had its CPU. */
 static atomic_int pause_us, pause_thread, paused, ended_in_pause;
-
-void dc_test_pause(int us, int thread) {
-    atomic_store(&pause_thread, thread);
-    atomic_store(&pause_us, us);
-}
+static _Atomic(work_fn) pause_fn;
 
 int dc_test_paused(void) { return atomic_load(&paused); } /* pauses begun */
 
@@ -413,6 +412,40 @@ static void relax(void) {
 #if defined(__SSE2__)
     _mm_pause();
 #endif
+}
+
+/* An item's commit (every pass's work functions): computed first, then claim_item lets
+ * exactly one thread write it (1), which then says item_written. A thread that finds the
+ * item another's waits until it is written (0), so a chunk is never counted done before
+ * all its values are in place. */
+static inline int item_open(_Atomic uint64_t *mark, uint64_t pass) {
+    return atomic_load(mark) < 2 * pass;
+}
+
+static int claim_item(_Atomic uint64_t *mark, uint64_t pass) {
+    uint64_t seen = atomic_load(mark);
+    while (seen < 2 * pass)
+        if (atomic_compare_exchange_weak(mark, &seen, 2 * pass)) return 1;
+    for (unsigned spins = 1; atomic_load_explicit(mark, memory_order_acquire) == 2 * pass;)
+        if (++spins % 1024) relax(); /* another thread is writing it ... */
+        else sched_yield(); /* ... and may be waiting for this CPU */
+    return 0;
+}
+
+static inline void item_written(_Atomic uint64_t *mark, uint64_t pass) {
+    atomic_store_explicit(mark, 2 * pass + 1, memory_order_release);
+}
+
+/* Item i (begin <= i < end) of the running chunk, of one mark each: its number (a stolen
+ * chunk's from the end) and its mark, or -1 when there is nothing to do here: the pass is
+ * over, or the item is another thread's (then written: waited for). */
+static int open_item(int begin, int end, int i, _Atomic uint64_t **mark) {
+    int t = stealing ? begin + end - 1 - i : i;
+    if (atomic_load_explicit(&pool.pass, memory_order_relaxed) != chunk_pass) return -1;
+    *mark = &pool.marks[mark_at(begin, chunk_items, 1, (size_t)(t - begin))];
+    if (item_open(*mark, chunk_pass)) return t;
+    claim_item(*mark, chunk_pass);
+    return -1;
 }
 
 static double now_us(void) {
@@ -441,14 +474,20 @@ static void install(uint64_t pass) {
     }
 }
 
+static void gemm_tiles(void *ctx, int begin, int end, int thread);
+
 /* Pass `next` of the running program is due: run here and now while it is one item of a
- * pass that cannot be stolen (a decode step's norms, rotary, quantization: microseconds,
+ * pass other than a product (a decode step's norms, rotary, quantization: microseconds,
  * and handing them to another core costs more), then install the next, or end. */
 static void move_on(uint64_t next, int thread) {
     const Pass *program = atomic_load(&pool.program);
     uint64_t base = atomic_load(&pool.base), end = base + (uint64_t)atomic_load(&pool.count);
-    for (; next < end && program[next - base].items == 1 && !program[next - base].steal; next++) {
+    for (; next < end && program[next - base].items == 1 && program[next - base].fn != gemm_tiles;
+         next++) {
         atomic_store(&pool.pass, next); /* late threads of the pass before leave */
+        chunk_pass = next;
+        stealing = 0;
+        chunk_items = 1;
         program[next - base].fn((void *)program[next - base].ctx, 0, 1, thread);
     }
     if (next < end) {
@@ -472,7 +511,7 @@ static void chunk_done(uint64_t pass, int c, int count, int items, int thread) {
 }
 
 /* Claims and runs chunks of the pass of generation `gen` until none is left (or that pass
- * is over); then, if the pass is stealable, its unfinished chunks. */
+ * is over); then its unfinished chunks. */
 static void take_items(unsigned gen, int thread) {
     atomic_fetch_add(&pool.inside, 1);
     uint64_t pass;
@@ -492,13 +531,13 @@ static void take_items(unsigned gen, int thread) {
         chunk_pass = pass;
         stealing = 0;
         chunk_items = chunk;
-        if (p->steal && atomic_load_explicit(&pause_us, memory_order_relaxed) &&
-            thread == atomic_load(&pause_thread))
+        if (atomic_load_explicit(&pause_us, memory_order_relaxed) &&
+            thread == atomic_load(&pause_thread) && p->fn == atomic_load(&pause_fn))
             pause_for_test();
         p->fn((void *)p->ctx, next, end, thread);
         chunk_done(pass, next / chunk, end - next, items, thread);
     }
-    /* What is left of a stealable pass: chunks begun by threads not running now. The
+    /* What is left of the pass: chunks begun by threads not running now. The
      * program's fields are read as a seqlock's reader does: then `pass` again, unchanged. */
     pass = atomic_load(&pool.pass);
     uint64_t base = atomic_load(&pool.base);
@@ -508,9 +547,9 @@ static void take_items(unsigned gen, int thread) {
         pass - base < (uint64_t)count) {
         p = &program[pass - base];
         work_fn fn = p->fn;
-        int items = p->items, steal = p->steal, chunk = chunk_of(items, active);
+        int items = p->items, chunk = chunk_of(items, active);
         atomic_thread_fence(memory_order_acquire);
-        for (int c = 0; steal && c * chunk < items && atomic_load(&pool.pass) == pass; c++) {
+        for (int c = 0; c * chunk < items && atomic_load(&pool.pass) == pass; c++) {
             if (atomic_load(&pool.done[c]) >= pass) continue;
             int end = (c + 1) * chunk < items ? (c + 1) * chunk : items;
             chunk_pass = pass;
@@ -1017,9 +1056,8 @@ static inline __attribute__((always_inline)) void products(const Gemm *g, int n,
  * before all its values are in place. */
 static inline void tile_rows(const Gemm *g, _Atomic uint64_t *mark, uint64_t pass, int n0,
                              int n1, int r, int nr) {
-    uint64_t seen = atomic_load(mark);
-    if (seen < 2 * pass) {
-        float acc[WIDE_TILES * TILE][ROWS];
+    float acc[WIDE_TILES * TILE][ROWS];
+    if (item_open(mark, pass)) {
         for (int n = n0; n < n1; n++) {
             switch (nr) {
             case 1: products(g, n, r, 1, acc[n - n0]); break;
@@ -1028,17 +1066,11 @@ static inline void tile_rows(const Gemm *g, _Atomic uint64_t *mark, uint64_t pas
             default: products(g, n, r, ROWS, acc[n - n0]);
             }
         }
-        while (seen < 2 * pass)
-            if (atomic_compare_exchange_weak(mark, &seen, 2 * pass)) {
-                for (int n = n0; n < n1; n++)
-                    for (int j = 0; j < nr; j++) emit(g, r + j, n, acc[n - n0][j]);
-                atomic_store_explicit(mark, 2 * pass + 1, memory_order_release);
-                return;
-            }
     }
-    for (unsigned spins = 1; atomic_load_explicit(mark, memory_order_acquire) == 2 * pass;)
-        if (++spins % 1024) relax(); /* another thread is writing it ... */
-        else sched_yield(); /* ... and may be waiting for this CPU */
+    if (!claim_item(mark, pass)) return;
+    for (int n = n0; n < n1; n++)
+        for (int j = 0; j < nr; j++) emit(g, r + j, n, acc[n - n0][j]);
+    item_written(mark, pass);
 }
 
 /* A Gemm as a pass holds it: with its own copy of the Linear (dc_linear's is on a stack). */
@@ -1086,7 +1118,6 @@ static Pass *gemm(Pass *p, const Linear *l, const int8_t *x, const float *xs,
 #endif
     p->fn = gemm_tiles;
     p->items = (l->n + width - 1) / width;
-    p->steal = 1;
     memcpy(p->ctx, &s, sizeof s);
     return p + 1;
 }
@@ -1121,27 +1152,64 @@ static Pass *step_pass(Pass *p, work_fn fn, const Step *s, int items) {
     if (items <= 0) return p;
     p->fn = fn;
     p->items = items;
-    p->steal = 0;
     memcpy(p->ctx, s, sizeof *s);
     return p + 1;
 }
 
+/* A step pass's context, copied as gemm_tiles copies its own: 0 when the pass is over (its
+ * slot may be another pass's now). */
+static int step_of(const void *ctx, Step *s) {
+    memcpy(s, ctx, sizeof *s);
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load(&pool.pass) == chunk_pass;
+}
+
+/* A row as quantize_row leaves it, held until the row's item is won (open_item) */
+typedef struct {
+    float scale;
+    int32_t total;
+} RowScale;
+
+static void put_row(const Step *s, int r, int k, const int8_t *q, RowScale rs, const int16_t *sums) {
+    memcpy(s->xq + (size_t)r * k, q, (size_t)k);
+    s->xs[r] = rs.scale;
+    memcpy(s->xsum + (size_t)r * (k / GROUP), sums, sizeof(int16_t) * (k / GROUP));
+    s->xtotal[r] = rs.total;
+}
+
 static void gather_last(void *ctx, int begin, int end, int thread) {
     (void)thread;
-    const Step *s = ctx;
-    size_t hidden = (size_t)s->m->hidden;
-    for (int j = begin; j < end; j++)
-        memcpy(s->last + j * hidden, s->hidden + s->out[j] * hidden, sizeof(float) * hidden);
+    Step s;
+    if (!step_of(ctx, &s)) return;
+    size_t hidden = (size_t)s.m->hidden;
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int j = open_item(begin, end, i, &mark);
+        if (j < 0 || !claim_item(mark, chunk_pass)) continue;
+        memcpy(s.last + j * hidden, s.hidden + s.out[j] * hidden, sizeof(float) * hidden);
+        item_written(mark, chunk_pass);
+    }
 }
 
 static void norm_rows(void *ctx, int begin, int end, int thread) {
-    Step *s = ctx;
-    const Model *m = s->m;
-    float tmp[m->hidden];
-    for (int r = begin; r < end; r++) {
-        rms_norm(s->hidden + (size_t)r * m->hidden, s->norm, m->hidden, m->eps, tmp);
-        quantize_row(tmp, m->hidden, s->xq + (size_t)r * m->hidden, s->xs + r,
-                     s->xsum + (size_t)r * (m->hidden / GROUP), s->xtotal + r);
+    (void)thread;
+    Step s;
+    if (!step_of(ctx, &s)) return;
+    const Model *m = s.m;
+    int k = m->hidden;
+    float tmp[k];
+    int8_t q[k];
+    int16_t sums[k / GROUP];
+    RowScale rs;
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int r = open_item(begin, end, i, &mark);
+        if (r < 0) continue;
+        rms_norm(s.hidden + (size_t)r * k, s.norm, k, m->eps, tmp);
+        quantize_row(tmp, k, q, &rs.scale, sums, &rs.total);
+        if (!claim_item(mark, chunk_pass)) continue;
+        put_row(&s, r, k, q, rs, sums);
+        item_written(mark, chunk_pass);
     }
 }
 
@@ -1152,31 +1220,39 @@ static uint16_t *kv_at(const Step *s, int r, int which, int kv_head, int positio
     return s->cache[r] + offset + (size_t)position * d;
 }
 
-/* x * cos + roll(x, half) * signed_sin, as the torch path's _rotate */
-static void rotate(float *x, const float *cos, const float *sin, int d) {
-    float out[d];
+/* x * cos + roll(x, half) * signed_sin, as the torch path's _rotate, into out */
+static void rotate(const float *x, float *out, const float *cos, const float *sin, int d) {
     int half = d / 2;
     /* two products and a sum, not fused (-ffp-contract=off): the same bits on every build */
     for (int i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
-    memcpy(x, out, sizeof out);
 }
 
+/* q and k rotated in place, k and v into the cache */
 static void rope_and_store(void *ctx, int begin, int end, int thread) {
-    Step *s = ctx;
-    const Model *m = s->m;
+    (void)thread;
+    Step s;
+    if (!step_of(ctx, &s)) return;
+    const Model *m = s.m;
     int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
-    for (int r = begin; r < end; r++) {
-        float *row = s->qkv + (size_t)r * width;
-        const float *cos = m->cos + (size_t)s->pos[r] * d, *sin = m->sin + (size_t)s->pos[r] * d;
-        for (int h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * d, cos, sin, d);
+    float out[(m->heads + m->kv_heads) * d];
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int r = open_item(begin, end, i, &mark);
+        if (r < 0) continue;
+        float *row = s.qkv + (size_t)r * width;
+        const float *cos = m->cos + (size_t)s.pos[r] * d, *sin = m->sin + (size_t)s.pos[r] * d;
+        for (int h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * d, out + h * d, cos, sin, d);
+        if (!claim_item(mark, chunk_pass)) continue;
+        memcpy(row, out, sizeof out);
         for (int h = 0; h < m->kv_heads; h++) {
-            uint16_t *k = kv_at(s, r, 0, h, s->pos[r]), *v = kv_at(s, r, 1, h, s->pos[r]);
+            uint16_t *k = kv_at(&s, r, 0, h, s.pos[r]), *v = kv_at(&s, r, 1, h, s.pos[r]);
             const float *kf = row + (m->heads + h) * d, *vf = kf + m->kv_heads * d;
-            for (int i = 0; i < d; i++) {
-                k[i] = to_half(kf[i]);
-                v[i] = to_half(vf[i]);
+            for (int j = 0; j < d; j++) {
+                k[j] = to_half(kf[j]);
+                v[j] = to_half(vf[j]);
             }
         }
+        item_written(mark, chunk_pass);
     }
 }
 
@@ -1287,13 +1363,20 @@ weigh_values(const float *p, size_t stride, const int H, const uint16_t *values,
  * VM, medians of 5 runs side by side): a 12-exchange conversation's last question (~20
  * prompt rows after 575 cached tokens) took 11.1 ms longer than its first (43 tokens) a
  * head at a time, 6.2 ms so; every logit's bits unchanged. */
+/* One query group's attention (an item: a row and a kv head) */
 static void attend(void *ctx, int begin, int end, int thread) {
-    Step *s = ctx;
+    Step st;
+    if (!step_of(ctx, &st)) return;
+    const Step *s = &st;
     const Model *m = s->m;
     int d = m->head_dim, group = m->heads / m->kv_heads;
     int width = (m->heads + 2 * m->kv_heads) * d;
     float *scores = s->scores + (size_t)thread * group * s->stride;
-    for (int item = begin; item < end; item++) {
+    float o[group * d];
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int item = open_item(begin, end, i, &mark);
+        if (item < 0) continue;
         int r = item / m->kv_heads, g = item % m->kv_heads, n = s->pos[r] + 1;
         const float *q = s->qkv + (size_t)r * width + (size_t)g * group * d;
         const uint16_t *keys = kv_at(s, r, 0, g, 0), *values = kv_at(s, r, 1, g, 0);
@@ -1333,7 +1416,6 @@ static void attend(void *ctx, int begin, int end, int thread) {
             }
             total[h] = lane_sums((v8f[8]){total8, {0}, {0}, {0}, {0}, {0}, {0}, {0}})[0];
         }
-        float *o = s->attn + (size_t)r * m->heads * d + (size_t)g * group * d;
         for (int h = 0; h < group;) { /* 3 heads at a time, the rest 2 or 1 */
             const float *p = scores + (size_t)h * s->stride;
             switch (group - h) {
@@ -1342,29 +1424,54 @@ static void attend(void *ctx, int begin, int end, int thread) {
             default: weigh_values(p, s->stride, 3, values, n, d, total + h, o + h * d); h += 3;
             }
         }
+        if (!claim_item(mark, chunk_pass)) continue;
+        memcpy(s->attn + (size_t)r * m->heads * d + (size_t)g * group * d, o, sizeof o);
+        item_written(mark, chunk_pass);
     }
 }
 
 static void quantize_attn(void *ctx, int begin, int end, int thread) {
-    Step *s = ctx;
-    int k = s->m->heads * s->m->head_dim;
-    for (int r = begin; r < end; r++)
-        quantize_row(s->attn + (size_t)r * k, k, s->xq + (size_t)r * k, s->xs + r,
-                     s->xsum + (size_t)r * (k / GROUP), s->xtotal + r);
+    (void)thread;
+    Step s;
+    if (!step_of(ctx, &s)) return;
+    int k = s.m->heads * s.m->head_dim;
+    int8_t q[k];
+    int16_t sums[k / GROUP];
+    RowScale rs;
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int r = open_item(begin, end, i, &mark);
+        if (r < 0) continue;
+        quantize_row(s.attn + (size_t)r * k, k, q, &rs.scale, sums, &rs.total);
+        if (!claim_item(mark, chunk_pass)) continue;
+        put_row(&s, r, k, q, rs, sums);
+        item_written(mark, chunk_pass);
+    }
 }
 
 /* silu(gate) * up, quantized for down */
 static void silu_mul(void *ctx, int begin, int end, int thread) {
-    Step *s = ctx;
-    int inter = s->m->inter;
-    for (int r = begin; r < end; r++) {
-        float *gate = s->gu + (size_t)r * 2 * inter, *up = gate + inter;
-        for (int i = 0; i < inter; i += 8) {
-            v8f g = *(v8f *)(gate + i);
-            *(v8f *)(gate + i) = g / (1.0f + exp8(-g)) * *(v8f *)(up + i);
+    (void)thread;
+    Step s;
+    if (!step_of(ctx, &s)) return;
+    int inter = s.m->inter;
+    float act[inter];
+    int8_t q[inter];
+    int16_t sums[inter / GROUP];
+    RowScale rs;
+    for (int i = begin; i < end; i++) {
+        _Atomic uint64_t *mark;
+        int r = open_item(begin, end, i, &mark);
+        if (r < 0) continue;
+        const float *gate = s.gu + (size_t)r * 2 * inter, *up = gate + inter;
+        for (int j = 0; j < inter; j += 8) {
+            v8f g = *(const v8f *)(gate + j);
+            *(v8f *)(act + j) = g / (1.0f + exp8(-g)) * *(const v8f *)(up + j);
         }
-        quantize_row(gate, inter, s->xq + (size_t)r * inter, s->xs + r,
-                     s->xsum + (size_t)r * (inter / GROUP), s->xtotal + r);
+        quantize_row(act, inter, q, &rs.scale, sums, &rs.total);
+        if (!claim_item(mark, chunk_pass)) continue;
+        put_row(&s, r, inter, q, rs, sums);
+        item_written(mark, chunk_pass);
     }
 }
 
@@ -1376,8 +1483,8 @@ static void *aligned(size_t bytes) { return aligned_alloc(32, (bytes + 31) / 32 
  * with the model (freed by dc_model_free), instead of six allocations every step. How many
  * rows a step has is the engine's choice (a prefill chunk, the decoding streams with their
  * drafts) and a measurement may run a whole text in one call, so they grow when a step needs
- * more than any before: rows by whole blocks of 32, scores to at least twice what they held
- * (they grow with the longest position). Never shrunk. Only the one calling thread (see the
+ * more than any before: rows by whole blocks of 32, scores with the thread count. Never
+ * shrunk. Only the one calling thread (see the
  * pool) runs a step, so no step can be using them while they grow. Returns 0, or -1 when
  * memory ran out (the buffers then hold nothing, and the next step tries again). */
 static int scratch_fit(Model *m, int rows, size_t scores) {
@@ -1404,6 +1511,7 @@ static int scratch_fit(Model *m, int rows, size_t scores) {
         b->rows = (int)n;
     }
     if (scores > b->scores_len) {
+        quiesce(); /* a late thread's attention may still use its scores */
         size_t n = scores > 2 * b->scores_len ? scores : 2 * b->scores_len;
         free(b->scores);
         b->scores = aligned(sizeof(float) * n);
@@ -1431,14 +1539,18 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
         longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
     }
     int stride = (longest + 7) / 8 * 8;
-    size_t scores = (size_t)threads * (m->heads / m->kv_heads) * stride;
+    /* room for the whole context's scores at once (a few MB at most): a buffer that grows
+     * waits for any late thread (quiesce), and a growing position would grow it often */
+    size_t scores = (size_t)threads * (m->heads / m->kv_heads) * ((m->context + 7) / 8 * 8);
     if (scratch_fit(m, rows > n_out ? rows : n_out, scores)) return -1;
     /* every product's marks (gemm) now, so that no pass can run out of memory halfway */
     int widest = width > 2 * m->inter ? width : 2 * m->inter;
     widest = widest > m->hidden ? widest : m->hidden;
     size_t blocks = (size_t)(widest + TILE - 1) / TILE * ((rows + ROWS - 1) / ROWS);
     size_t head = (size_t)(m->vocab + TILE - 1) / TILE * ((n_out + ROWS - 1) / ROWS);
-    if (marks_fit(blocks > head ? blocks : head)) return -1;
+    size_t items = (size_t)rows * m->kv_heads; /* the most of the other passes (attention) */
+    blocks = blocks > head ? blocks : head;
+    if (marks_fit(blocks > items ? blocks : items)) return -1;
     const Scratch *b = &m->scratch;
     Step s = {.m = m, .hidden = hidden, .pos = pos, .cache = cache, .alloc = alloc,
               .xq = b->xq, .xs = b->xs, .xsum = b->xsum, .xtotal = b->xtotal, .qkv = b->qkv, .attn = b->attn, .gu = b->gu,
@@ -1470,6 +1582,10 @@ int dc_forward(Model *m, int rows, float *hidden, const int32_t *pos, uint16_t *
     run_program(threads, m->program, (int)(p - m->program));
     return 0;
 }
+
+/* 1 when no pool thread is inside a chunk: no late thread can read what a step before was
+ * given any more (the caller keeps its buffers until then: library.py) */
+int dc_pool_quiet(void) { return atomic_load(&pool.inside) == 0; }
 
 /* y [rows, n] = x [rows, k] through l alone */
 static int linear_alone(const Linear *l, int rows, const float *x, float *y, int threads) {
@@ -1525,4 +1641,15 @@ void dc_half(const float *x, int n, uint16_t *half, float *back) {
         v8f f = from_half8(half + i);
         memcpy(back + i, &f, sizeof f);
     }
+}
+
+/* The work functions dc_test_pause names by number (library.py's PAUSABLE, in this order) */
+static const work_fn pausable[] = {gemm_tiles, norm_rows, rope_and_store, attend,
+                                   quantize_attn, silu_mul, gather_last};
+
+void dc_test_pause(int us, int thread, int which) {
+    if (which < 0 || which >= (int)(sizeof pausable / sizeof *pausable)) us = 0;
+    else atomic_store(&pause_fn, pausable[which]);
+    atomic_store(&pause_thread, thread);
+    atomic_store(&pause_us, us);
 }

@@ -14,7 +14,7 @@ import torch
 from bench.quality import text_chunks
 from inference.model.decoder import Decoder, Segment
 from inference.native import build
-from inference.native.library import Library
+from inference.native.library import PAUSABLE, Library
 from inference.quant import rowint4
 from tests.support.paths import TEST_CACHE
 
@@ -343,38 +343,41 @@ def greedy(decoder, prompt, until) -> tuple[list, list[float]]:
 
 
 @pytest.mark.parametrize("who", ["worker", "caller"])
-def test_a_step_goes_on_without_a_thread_that_lost_its_cpu(native_decoder, who):
-    """A pool thread kept off its CPU in the middle of a product's chunk (dc_test_pause: it
-    sleeps first, as behind a busy program) holds no step up. A worker's chunk is taken by
-    the caller, from its end; a caller's by the worker, which then runs the rest of the
-    step's passes alone. The late thread, when it is back, writes nothing: every step has
-    the bits of a run without the pause."""
+@pytest.mark.parametrize("where", PAUSABLE[:-1])  # gather: one row's logits run inline
+def test_a_step_goes_on_without_a_thread_that_lost_its_cpu(native_decoder, who, where):
+    """A pool thread kept off its CPU in the middle of a chunk (dc_test_pause: it sleeps
+    first, as behind a busy program) holds no step up, whatever the pass: a product's chunk
+    in a decode step, the others' in the prompt's (a decode step runs their one item where
+    the pass before ended). A worker's chunk is taken by the caller, from its end; a
+    caller's by the worker, which then runs the rest of the step's passes alone. The late
+    thread, when it is back, writes nothing: every step has the bits of a run without the
+    pause."""
     dll = native_decoder._native.lib.dll
-    pause_s, prompt = 0.3, range(300, 340)
+    pause_s, prompt = 0.3, range(300, 312)
+    at = 1 if where == "products" else 0  # the step to pause
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     begun, ended = dll.dc_test_paused(), dll.dc_test_ended_in_pause()
 
     def until(times: list[float]) -> bool:
-        """Pause the next chunk after the prompt; stop well after the thread is back."""
-        if len(times) == 1:
-            dll.dc_test_pause(int(pause_s * 1e6), 0 if who == "caller" else 1)
-        return len(times) > 400 or sum(times[1:]) > 2 * pause_s
+        """Pause the step `at`; stop well after the thread is back."""
+        if len(times) == at:
+            thread = 0 if who == "caller" else 1
+            dll.dc_test_pause(int(pause_s * 1e6), thread, PAUSABLE.index(where))
+        return len(times) > 400 or sum(times) > 3 * pause_s
 
     try:
         rows, times = greedy(native_decoder, prompt, until)
         paused = dll.dc_test_paused() - begun
         ended = dll.dc_test_ended_in_pause() - ended
-        dll.dc_test_pause(0, 0)
+        dll.dc_test_pause(0, 0, 0)
         reference, _ = greedy(native_decoder, prompt, lambda done: len(done) == len(rows))
     finally:
         torch.set_num_threads(threads)
-    assert paused == 1, "no such thread claimed a product's chunk: nothing was tested"
-    if who == "worker":
-        assert max(times[1:]) < pause_s / 2, "a step waited for the paused worker"
-    else:  # the caller's own step lasts its pause; the worker ran the rest of it meanwhile
-        assert ended == 1, "the step's passes waited for the paused caller"
-        assert sorted(times[1:])[-2] < pause_s / 2
+    assert paused == 1, f"no such thread claimed a chunk of {where}: nothing was tested"
+    assert ended == 1, "the step's passes waited for the paused thread"
+    # (a caller's own step lasts its pause: the worker ran the rest of it meanwhile)
+    assert max(times[:at] + times[at + 1 :]) < pause_s / 2, "a step waited for the late thread"
     for i, (a, b) in enumerate(zip(reference, rows, strict=True)):
         assert torch.equal(a, b), i
 
