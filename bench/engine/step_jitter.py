@@ -1,7 +1,7 @@
 """The decode-step times of the engine alone in this process: no HTTP, no queue, no noise.
 
     python -m bench.engine.step_jitter [--model qwen-shape|embedded|DIR] [--threads N] [--answers 8]
-                                      [--noise cpu|bursts]
+                                      [--noise cpu|bursts] [--prefill]
 
 Why: the latency table (`python -m bench --latency`) measures gaps through the server; this
 says how much of their spread the machine itself adds with nothing else involved. It prints
@@ -10,9 +10,11 @@ each step after the first token, the same for the thread's CPU time (equal to th
 when the thread was never descheduled: then the spread comes from below the OS, e.g. a VM's
 host), and the 1-minute load average. `--noise cpu` runs the steps beside one busy process per
 CPU (bench/serving/noise.py's condition): the step's own loss to a busy PC, without the HTTP
-and the client that the latency bench adds. The engine runs as in the server: its scheduler
-slice (DESKCHAT_SCHED_SLICE_US, as the server reads it) and its thread count set after the
-load (docs/latency.md says what it measured before it did).
+and the client that the latency bench adds. `--prefill` times each answer's first step (its
+prompt's, most of a first token's time in the engine) instead of the steps after it. The
+engine runs as in the server: its scheduler slice (DESKCHAT_SCHED_SLICE_US, as the server
+reads it) and its thread count set after the load (docs/latency.md says what it measured
+before it did).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--noise", choices=("quiet", "cpu", "bursts"), default="quiet")
+    parser.add_argument("--prefill", action="store_true", help="time the prompts' steps")
     args = parser.parse_args(argv)
     if args.max_tokens < 2 or args.answers < 1:
         parser.error(
@@ -75,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()[0]
         with Noise(args.noise, seconds=3600):
             for _ in range(args.answers):
-                answer(engine, prompt_ids, Sampling(max_tokens=budget), wall, cpu)
+                answer(engine, prompt_ids, Sampling(max_tokens=budget), wall, cpu, args.prefill)
     finally:
         set_slice(0)
     report = {
         "threads": threads,
         "noise": args.noise,
+        "timed": "prefill" if args.prefill else "decode steps",
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "steps": len(wall),
         "load_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -90,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def answer(engine, prompt_ids, sampling, wall: list, cpu: list) -> None:
-    """One answer, its decode steps' wall and CPU milliseconds appended (not the prefill)."""
+def answer(engine, prompt_ids, sampling, wall: list, cpu: list, prefill: bool = False) -> None:
+    """One answer, its decode steps' wall and CPU milliseconds appended (or its prefill's
+    alone: the first step)."""
     stream = engine.open(prompt_ids, sampling)
     first = True
     while stream.finish is None:
         start, start_cpu = time.perf_counter(), time.thread_time()
         engine.step([stream])
-        if not first:  # the first step is the prefill
+        if first == prefill:
             wall.append((time.perf_counter() - start) * 1000)
             cpu.append((time.thread_time() - start_cpu) * 1000)
         first = False

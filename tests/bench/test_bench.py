@@ -121,6 +121,10 @@ def test_step_jitter_reports_the_engines_own_step_times(embedded_dir, capsys, ke
     for side in ("wall_ms", "cpu_ms"):
         times = report[side]
         assert 0 < times["p50"] <= times["p90"] <= times["p99"] <= times["max"]
+    assert step_jitter.main([*args, "--prefill"]) == 0
+    prefill = json.loads(capsys.readouterr().out)
+    assert prefill["steps"] == 2 and prefill["timed"] == "prefill"  # the first step alone
+    assert prefill["wall_ms"]["p50"] > report["wall_ms"]["p50"]  # a prompt's step is longer
 
 
 @pytest.mark.slow
