@@ -1164,19 +1164,6 @@ static int step_of(const void *ctx, Step *s) {
     return atomic_load(&pool.pass) == chunk_pass;
 }
 
-/* A row as quantize_row leaves it, held until the row's item is won (open_item) */
-typedef struct {
-    float scale;
-    int32_t total;
-} RowScale;
-
-static void put_row(const Step *s, int r, int k, const int8_t *q, RowScale rs, const int16_t *sums) {
-    memcpy(s->xq + (size_t)r * k, q, (size_t)k);
-    s->xs[r] = rs.scale;
-    memcpy(s->xsum + (size_t)r * (k / GROUP), sums, sizeof(int16_t) * (k / GROUP));
-    s->xtotal[r] = rs.total;
-}
-
 static void gather_last(void *ctx, int begin, int end, int thread) {
     (void)thread;
     Step s;
@@ -1191,26 +1178,41 @@ static void gather_last(void *ctx, int begin, int end, int thread) {
     }
 }
 
-static void norm_rows(void *ctx, int begin, int end, int thread) {
-    (void)thread;
-    Step s;
-    if (!step_of(ctx, &s)) return;
-    const Model *m = s.m;
-    int k = m->hidden;
+/* The passes that leave each row quantized for the next product (norm_rows, quantize_attn,
+ * silu_mul): row r's k floats from `row` (made in tmp, or the row itself), quantized on the
+ * stack, then committed through the row's mark. */
+typedef const float *(*row_fn)(const Step *s, int r, float *tmp);
+
+static void quantized_rows(const Step *s, int begin, int end, int k, row_fn row) {
     float tmp[k];
     int8_t q[k];
     int16_t sums[k / GROUP];
-    RowScale rs;
+    float scale;
+    int32_t total;
     for (int i = begin; i < end; i++) {
         _Atomic uint64_t *mark;
         int r = open_item(begin, end, i, &mark);
         if (r < 0) continue;
-        rms_norm(s.hidden + (size_t)r * k, s.norm, k, m->eps, tmp);
-        quantize_row(tmp, k, q, &rs.scale, sums, &rs.total);
+        quantize_row(row(s, r, tmp), k, q, &scale, sums, &total);
         if (!claim_item(mark, chunk_pass)) continue;
-        put_row(&s, r, k, q, rs, sums);
+        memcpy(s->xq + (size_t)r * k, q, (size_t)k);
+        s->xs[r] = scale;
+        memcpy(s->xsum + (size_t)r * (k / GROUP), sums, sizeof sums);
+        s->xtotal[r] = total;
         item_written(mark, chunk_pass);
     }
+}
+
+static const float *normed(const Step *s, int r, float *tmp) {
+    const Model *m = s->m;
+    rms_norm(s->hidden + (size_t)r * m->hidden, s->norm, m->hidden, m->eps, tmp);
+    return tmp;
+}
+
+static void norm_rows(void *ctx, int begin, int end, int thread) {
+    (void)thread;
+    Step s;
+    if (step_of(ctx, &s)) quantized_rows(&s, begin, end, s.m->hidden, normed);
 }
 
 static uint16_t *kv_at(const Step *s, int r, int which, int kv_head, int position) {
@@ -1430,49 +1432,33 @@ static void attend(void *ctx, int begin, int end, int thread) {
     }
 }
 
+static const float *attention_out(const Step *s, int r, float *tmp) {
+    (void)tmp;
+    return s->attn + (size_t)r * s->m->heads * s->m->head_dim;
+}
+
 static void quantize_attn(void *ctx, int begin, int end, int thread) {
     (void)thread;
     Step s;
-    if (!step_of(ctx, &s)) return;
-    int k = s.m->heads * s.m->head_dim;
-    int8_t q[k];
-    int16_t sums[k / GROUP];
-    RowScale rs;
-    for (int i = begin; i < end; i++) {
-        _Atomic uint64_t *mark;
-        int r = open_item(begin, end, i, &mark);
-        if (r < 0) continue;
-        quantize_row(s.attn + (size_t)r * k, k, q, &rs.scale, sums, &rs.total);
-        if (!claim_item(mark, chunk_pass)) continue;
-        put_row(&s, r, k, q, rs, sums);
-        item_written(mark, chunk_pass);
+    if (step_of(ctx, &s)) quantized_rows(&s, begin, end, s.m->heads * s.m->head_dim, attention_out);
+}
+
+/* silu(gate) * up, into tmp */
+static const float *activated(const Step *s, int r, float *tmp) {
+    int inter = s->m->inter;
+    const float *gate = s->gu + (size_t)r * 2 * inter, *up = gate + inter;
+    for (int j = 0; j < inter; j += 8) {
+        v8f g = *(const v8f *)(gate + j);
+        *(v8f *)(tmp + j) = g / (1.0f + exp8(-g)) * *(const v8f *)(up + j);
     }
+    return tmp;
 }
 
 /* silu(gate) * up, quantized for down */
 static void silu_mul(void *ctx, int begin, int end, int thread) {
     (void)thread;
     Step s;
-    if (!step_of(ctx, &s)) return;
-    int inter = s.m->inter;
-    float act[inter];
-    int8_t q[inter];
-    int16_t sums[inter / GROUP];
-    RowScale rs;
-    for (int i = begin; i < end; i++) {
-        _Atomic uint64_t *mark;
-        int r = open_item(begin, end, i, &mark);
-        if (r < 0) continue;
-        const float *gate = s.gu + (size_t)r * 2 * inter, *up = gate + inter;
-        for (int j = 0; j < inter; j += 8) {
-            v8f g = *(const v8f *)(gate + j);
-            *(v8f *)(act + j) = g / (1.0f + exp8(-g)) * *(const v8f *)(up + j);
-        }
-        quantize_row(act, inter, q, &rs.scale, sums, &rs.total);
-        if (!claim_item(mark, chunk_pass)) continue;
-        put_row(&s, r, inter, q, rs, sums);
-        item_written(mark, chunk_pass);
-    }
+    if (step_of(ctx, &s)) quantized_rows(&s, begin, end, s.m->inter, activated);
 }
 
 /* 32-byte aligned memory for `bytes`, rounded up to 32 as aligned_alloc asks; NULL for none */
