@@ -116,9 +116,10 @@ def pressure(deadline: float, cap_bytes: int | None, file: Path, say=print) -> N
 
 
 def _child_setup() -> None:
-    """In the child before exec: nice 0 and the default scheduler slice whatever the
-    bench's own (a client measuring at a raised setting must not hand it to the noise), and
-    SIGKILL when the bench goes away."""
+    """In the child before exec: the normal policy at nice 0 and the default scheduler slice
+    whatever the bench's own (a client measuring at a raised setting, even a real-time one,
+    must not hand it to the noise), and SIGKILL when the bench goes away."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     os.setpriority(os.PRIO_PROCESS, 0, 0)
     set_slice(0)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -212,6 +212,23 @@ def test_dedicated_client_measures_at_nice_minus_10_and_its_noise_at_0() -> None
         assert noisy[1] == before[1]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a real-time policy needs root")
+def test_a_real_time_client_starts_its_noise_at_the_normal_policy() -> None:
+    """A client measuring at SCHED_FIFO (as a probe of the client's own waits did) must not
+    hand that policy to the busy processes: they would run ahead of the server."""
+
+    def start_noise_from_fifo():
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        try:
+            with noise.Noise("cpu", seconds=30, cpus=1) as running:
+                pid = running.procs[0].pid
+                return os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)
+        finally:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+    assert _in_thread(start_noise_from_fifo) == (os.SCHED_OTHER, 0)
+
+
 @pytest.mark.slow
 def test_the_floor_runs_the_native_loop_at_the_settings_priority() -> None:
     measured = machine_floor.beside(launcher.Setting(nice=5), ms=2.0, seconds=0.5)
