@@ -259,3 +259,17 @@ def test_gemm_floor_times_exactly_the_int8_products_of_a_decode_step(
     for packed, row, limit in products:
         in_features = packed.unpack()[0].shape[1]
         assert row.shape == (1, in_features) and row.abs().max() <= limit
+
+
+def test_read_bandwidth_reports_each_thread_count_and_gives_the_count_back(capsys):
+    import torch
+
+    from bench.engine import read_bandwidth
+
+    threads = torch.get_num_threads()
+    assert read_bandwidth.main(["--gib", "0.125", "--threads", "1,2", "--repeats", "3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rates = [line for line in lines if "threads" in line]
+    assert [r["threads"] for r in rates] == [1, 2]
+    assert all(0 < r["median_gb_s"] <= r["best_gb_s"] for r in rates)
+    assert torch.get_num_threads() == threads
