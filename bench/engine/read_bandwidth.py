@@ -5,9 +5,9 @@
 Why: a one-user decode rate is bounded by (read bandwidth) / (weight bytes a token), for
 deskchat and llama.cpp alike (docs/speed.md, "Why one user on the 1.5B shape is bound near
 1.0x"). torch sums a float32 buffer far larger than the caches on each thread count; that
-reads at the same rate as a hand-written AVX2 loop did on the 2-core EPYC VM (34.9 against
-34.4-34.5 GB/s at two threads). Prints one JSON line per thread count (median and best GB/s
-of the repeats) and the load average before and after.
+reads at about the rate of a hand-written AVX2 loop on the 2-core EPYC VM (33.0-34.9 against
+34.4-34.5 GB/s at two threads, 2026-12-05). Prints one JSON line per thread count (median
+and best GB/s of the repeats) and the load average before and after.
 """
 
 from __future__ import annotations

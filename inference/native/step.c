@@ -35,7 +35,8 @@
 #define WIDE_TILES 8 /* ... and tiles per item when the rows fit one block (a decode step): a
                       * wider item keeps the pool's marks (gemm_tiles) few and cheap */
 #define ROWS 8  /* activation rows per weight load: 8 took a prompt's products 5-9 % less time than
-                 * 4 on every build (int8 and 4-bit, 16-64 rows, docs/native.md); 12 spilled */
+                 * 4 on every build (int8 and 4-bit, 16-64 rows, docs/native.md); 12 and 16
+                 * made the int8 product slower */
 #define GROUP 32 /* 4-bit weights: elements per sub-scale; a row's group sums (xsum) too */
 #define K4_MAX 32768 /* 4-bit weights: the longest k whose 32-bit lanes cannot overflow */
 #define K8_MAX 65536 /* int8 weights: the longest k whose sums cannot overflow (dot_rows) */
@@ -1071,6 +1072,7 @@ static inline __attribute__((always_inline)) void products(const Gemm *g, int n,
  * mark (the pool's stealing): computed first, then marked, then written; a thread that
  * finds it marked by another waits until it is written, so a chunk is never counted done
  * before all its values are in place. */
+_Static_assert(ROWS == 8, "tile_rows has a case for each block size");
 static inline void tile_rows(const Gemm *g, _Atomic uint64_t *mark, uint64_t pass, int n0,
                              int n1, int r, int nr) {
     float acc[WIDE_TILES * TILE][ROWS];
@@ -1099,7 +1101,6 @@ typedef struct {
     Gemm g;
     Linear l;
 } GemmSlot;
-_Static_assert(ROWS == 8, "tile_rows has a case for each block size");
 _Static_assert(sizeof(GemmSlot) <= SLOT, "a pass holds a GemmSlot");
 
 static void gemm_tiles(void *ctx, int begin, int end, int thread) {
