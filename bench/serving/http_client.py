@@ -13,6 +13,7 @@ import http.client
 import json
 import threading
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from bench.prompts import PROMPTS
@@ -48,11 +49,17 @@ def _error_text(exc: Exception) -> str:
 
 
 def chat_once(
-    url: str, messages: list[dict], max_tokens: int, timeout: float = 600, **fields
+    url: str,
+    messages: list[dict],
+    max_tokens: int,
+    timeout: float = 600,
+    on_first: Callable[[], None] | None = None,
+    **fields,
 ) -> dict:
     """One streamed request; {ttft_ms, latency_s, tokens, arrivals, text, done} or {error}.
     `arrivals` are the perf_counter times of the deltas, `text` their text, `done` the final
-    event (usage, timings); `fields` are more body fields (temperature, ...)."""
+    event (usage, timings); `on_first` is called once the first delta's time is taken;
+    `fields` are more body fields (temperature, ...)."""
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True, **fields}
     started = time.perf_counter()
     arrivals: list[float] = []
@@ -67,6 +74,8 @@ def chat_once(
             if "delta" in event:
                 arrivals.append(time.perf_counter())
                 pieces.append(event["delta"])
+                if on_first is not None and len(arrivals) == 1:
+                    on_first()
             if event.get("done"):
                 end = time.perf_counter()
                 return {

@@ -27,6 +27,7 @@ from pathlib import Path
 from bench.engine import machine_floor
 from bench.launcher import Server, Setting, client_priority, profile_environment, profile_nice
 from bench.models import MODEL_HELP, resolve_model
+from bench.serving import first_token
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise, busy_programs
 from bench.speculation_tasks import GROUNDED_KINDS, TASKS
@@ -123,13 +124,20 @@ def setting(name: str) -> Setting:
 
 
 def stream_once(
-    url: str, max_tokens: int, messages: list[dict] = ASK, timeout: float = 300
+    url: str,
+    max_tokens: int,
+    messages: list[dict] = ASK,
+    timeout: float = 300,
+    waits: first_token.Waits | None = None,
 ) -> dict:
     """{ttft_ms, gaps_ms: [...], tokens, steps, ms_a_token} or {error}. `steps` is the
     server's count of the answer's steps; `ms_a_token` the time from the first text event to
     the end over the tokens after the first (None for an answer of one token or one event:
-    text held back to the end has no pace to show)."""
-    result = chat_once(url, messages, max_tokens, timeout)
+    text held back to the end has no pace to show). With `waits` (the bench started the
+    server), also `first_token`: where the first token's time went."""
+    before, after = (waits.now() if waits else None), []
+    on_first = (lambda: after.append(waits.now())) if waits else None
+    result = chat_once(url, messages, max_tokens, timeout, on_first=on_first)
     if "error" in result:
         return result
     arrivals = result["arrivals"]
@@ -137,19 +145,28 @@ def stream_once(
         return {"error": "no token"}
     tokens = result["tokens"]
     after_first_ms = result["latency_s"] * 1000 - result["ttft_ms"]
-    return {
+    timings = result["done"]["timings"]
+    measured = {
         "ttft_ms": result["ttft_ms"],
         "gaps_ms": gaps_ms(arrivals),
         "tokens": tokens,
-        "steps": result["done"]["timings"]["decode_steps"],
+        "steps": timings["decode_steps"],
         "ms_a_token": after_first_ms / (tokens - 1) if tokens > 1 and len(arrivals) > 1 else None,
     }
+    if after:
+        measured["first_token"] = first_token.parts(result["ttft_ms"], timings, before, after[0])
+    return measured
 
 
-def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") -> dict:
+def measure(
+    url: str, seconds: float, max_tokens: int, ask: str = "question", server_pid: int | None = None
+) -> dict:
     """Requests one after another for `seconds`, cycling through the ask's questions; their
     TTFTs and event gaps summarized, the tokens a step took (drafted tokens come in their
-    step's one event) and the median time a token took."""
+    step's one event) and the median time a token took; with the server's process id, where
+    the first tokens' time went (bench/serving/first_token.py)."""
+    waits = first_token.Waits(server_pid) if server_pid else None
+    parts: list[dict] = []
     ttft: list[float] = []
     gaps: list[float] = []
     tokens = steps = 0
@@ -158,30 +175,41 @@ def measure(url: str, seconds: float, max_tokens: int, ask: str = "question") ->
     asked = questions(ask)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        result = stream_once(url, max_tokens, asked[(len(ttft) + errors) % len(asked)])
+        messages = asked[(len(ttft) + errors) % len(asked)]
+        result = stream_once(url, max_tokens, messages, waits=waits)
         if "error" in result:
             errors += 1
             continue
+        if "first_token" in result:
+            parts.append(result["first_token"])
         ttft.append(result["ttft_ms"])
         gaps.extend(result["gaps_ms"])
         tokens, steps = tokens + result["tokens"], steps + result["steps"]
         if result["ms_a_token"] is not None:
             per_token.append(result["ms_a_token"])
-    return {
+    if waits:
+        waits.close()
+    cell = {
         "ttft_ms": summary(ttft),
         "gap_ms": summary(gaps),
         "tokens_per_step": round(tokens / steps, 2) if steps else None,
         "ms_a_token": round(percentile(per_token, 50), 2) if per_token else None,
         "errors": errors,
     }
+    if parts:
+        cell["first_token"] = first_token.summarize(parts)
+    return cell
 
 
 # -- a run -----------------------------------------------------------------------------------
 
 
-def run_cell(url: str, condition: str, args, file: Path, log, floor=None) -> dict:
+def run_cell(
+    url: str, condition: str, args, file: Path, log, floor=None, server_pid: int | None = None
+) -> dict:
     """One condition's requests; then `floor(cell)` (the machine's floor: its result goes in
-    the cell) while the condition's noise still runs."""
+    the cell) while the condition's noise still runs. `server_pid`: the server the bench
+    started, whose threads' waits the first tokens' parts read."""
     load_before = os.getloadavg()[0]
     bound_s = args.seconds + SETTLE_S + 60  # the noise ends by itself even if we hang
     if floor:
@@ -190,7 +218,7 @@ def run_cell(url: str, condition: str, args, file: Path, log, floor=None) -> dic
         if n.report:
             log(f"    memory: {n.report}")
         time.sleep(SETTLE_S if condition != "quiet" else 0)
-        cell = measure(url, args.seconds, args.max_tokens, args.ask)
+        cell = measure(url, args.seconds, args.max_tokens, args.ask, server_pid)
         if floor:
             cell["floor"] = floor(cell)
             if any(proc.poll() is not None for proc in n.procs):
@@ -249,7 +277,8 @@ def run(args, log=print) -> dict:
                 for condition in args.conditions:
                     floor = floor_for(chosen, condition, quiet)
                     with client_priority(chosen.nice, chosen.slice_us()):
-                        cell = run_cell(url, condition, args, file, log, floor)
+                        pid = server.proc.pid if server else None
+                        cell = run_cell(url, condition, args, file, log, floor, pid)
                     if condition == "quiet":
                         quiet = cell["floor"]
                     report["cells"].setdefault(label, {})[condition] = cell
@@ -344,11 +373,47 @@ def format_report(report: dict) -> str:
                 f"| {gap['n']} | {steps} | {_quants(ttft)} | {cell['loadavg_1m'][0]}, "
                 f"{cell['loadavg_1m'][1]} |"
             )
+    lines += _first_token_lines(cells)
     lines += ["", "Settings:"]
     lines += [f"- {label}: {text}" for label, text in report["settings"].items()]
     metas = report.get("metas", [report.get("meta", {})])
     lines += ["", "Run: " + "; ".join(json.dumps(m, sort_keys=True) for m in metas)]
     return "\n".join(lines)
+
+
+def _first_token_lines(cells: dict) -> list[str]:
+    """Where the first tokens' time went (bench/serving/first_token.py), for the cells that
+    measured it: each part's p50 / p90 / p99, and the parts of the slowest requests."""
+    rows = [
+        (label, c, cell["first_token"])
+        for label, row in cells.items()
+        for c, cell in row.items()
+        if "first_token" in cell
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "First token, ms p50 / p90 / p99: the server's queue and first step; the rest (the "
+        "request's way in, the first event's way out); run-queue waits meanwhile of the "
+        "client, the server's HTTP threads and its inference threads (summed over threads); "
+        "the slowest requests as TTFT = server + rest (waits client, HTTP, inference)",
+        "",
+        "| setting | condition | server | rest | client waits | HTTP threads wait "
+        "| inference threads wait | slowest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, condition, parts in rows:
+        quants = [
+            " / ".join(f"{parts[p][q]:g}" for q in ("p50", "p90", "p99")) for p in first_token.PARTS
+        ]
+        slowest = ", ".join(
+            f"{r['ttft_ms']:.1f} = {r['server_ms']:.1f} + {r['outside_ms']:.1f} "
+            f"({r['client_wait_ms']:.1f}, {r['http_wait_ms']:.1f}, {r['inference_wait_ms']:.1f})"
+            for r in parts["slowest"]
+        )
+        lines.append(f"| {label} | {condition} | " + " | ".join(quants) + f" | {slowest} |")
+    return lines
 
 
 def _quants(s: dict) -> str:

@@ -6,13 +6,15 @@ import argparse
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from bench import launcher, stats
 from bench.engine import machine_floor
-from bench.serving import latency, noise
+from bench.serving import first_token, latency, noise
+from inference.host.process import name_this_thread
 from service.config import physical_cores
 from tests.support.fakes import FakeEngine
 from tests.support.tasks import slice_ns, slices_settable
@@ -39,7 +41,7 @@ def test_measure_reports_tokens_a_step_and_the_time_a_token_took(monkeypatch) ->
     # 5 tokens in 3 steps, 10 ms a token; the requests cycle through the ask's questions.
     asked = []
 
-    def answer(url, max_tokens, messages):
+    def answer(url, max_tokens, messages, waits=None):
         asked.append(messages)
         return {
             "ttft_ms": 10.0,
@@ -82,6 +84,82 @@ def test_stream_once_against_a_server(fake_server) -> None:
     server = fake_server(FakeEngine(token_s=0.002))
     result = latency.stream_once(server.url, max_tokens=12)
     assert result["tokens"] == 12 and result["ms_a_token"] > 0 and "steps" in result
+
+
+def test_first_token_waits_are_read_by_role() -> None:
+    """Two threads named as the inference threads, busy on one CPU, each wait for it about
+    half the time: their role's run-queue time grows by tens of ms, the client's does not."""
+    stop = threading.Event()
+    ready = threading.Barrier(3)
+
+    def busy() -> None:
+        name_this_thread()
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        ready.wait()
+        while not stop.is_set():
+            pass
+
+    threads = [threading.Thread(target=busy) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    waits = first_token.Waits(os.getpid())
+    try:
+        before = waits.now()
+        time.sleep(0.3)
+        after = waits.now()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        waits.close()
+    assert set(before) == {"client", "http", "inference"}
+    assert after["inference"] - before["inference"] > 50e6, (before, after)
+    assert after["client"] - before["client"] < 50e6, (before, after)
+
+
+def test_first_token_parts_add_up() -> None:
+    timings = {"queued_ms": 0.5, "ttft_ms": 6.0}
+    before = {"client": 0, "http": 10**6, "inference": 5 * 10**6}
+    after = {"client": 2 * 10**6, "http": 4 * 10**6, "inference": 5 * 10**6}
+    parts = first_token.parts(10.0, timings, before, after)
+    assert parts == {
+        "ttft_ms": 10.0,
+        "server_ms": 6.5,
+        "outside_ms": 3.5,
+        "client_wait_ms": 2.0,
+        "http_wait_ms": 3.0,
+        "inference_wait_ms": 0.0,
+    }
+    cell = first_token.summarize([parts, {**parts, "ttft_ms": 20.0}, {**parts, "ttft_ms": 5.0}])
+    assert [r["ttft_ms"] for r in cell["slowest"]] == [20.0, 10.0, 5.0]
+    assert cell["server_ms"]["n"] == 3 and cell["client_wait_ms"]["p50"] == 2.0
+
+
+def test_measure_reads_the_first_tokens_parts_of_a_server(fake_server) -> None:
+    """With the server's process id (here the test's own: the server runs in it), each
+    request's first token in parts, in the cell and in the table."""
+    server = fake_server(FakeEngine(token_s=0.002))
+    cell = latency.measure(server.url, seconds=0.3, max_tokens=5, server_pid=os.getpid())
+    parts = cell["first_token"]
+    assert parts["server_ms"]["n"] == cell["ttft_ms"]["n"] >= 1
+    slowest = parts["slowest"][0]
+    assert slowest["ttft_ms"] == pytest.approx(cell["ttft_ms"]["max"], abs=0.1)
+    assert slowest["server_ms"] + slowest["outside_ms"] == pytest.approx(
+        slowest["ttft_ms"], abs=0.02
+    )
+    assert slowest["server_ms"] >= 2.0  # the fake engine's first token: one 2 ms step
+    assert "first_token" not in latency.measure(server.url, seconds=0.05, max_tokens=5)
+    report = {
+        "settings": {"default": "x"},
+        "cells": {"default": {"quiet": {**cell, "loadavg_1m": [0.5, 1.5]}}},
+    }
+    text = latency.format_report(report)
+    assert (
+        "| default | quiet | "
+        + " / ".join(f"{parts['server_ms'][q]:g}" for q in ("p50", "p90", "p99"))
+        in text
+    )
 
 
 def test_summary_quantiles_and_jitter() -> None:
