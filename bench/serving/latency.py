@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import first_token
 from bench.engine import machine_floor
 from bench.launcher import Server, Setting, client_priority, profile_environment, profile_nice
 from bench.models import MODEL_HELP, resolve_model
-from bench.serving import first_token
 from bench.serving.http_client import chat_once, gaps_ms
 from bench.serving.noise import CONDITIONS, Noise, busy_programs
 from bench.speculation_tasks import GROUNDED_KINDS, TASKS
@@ -164,7 +164,7 @@ def measure(
     """Requests one after another for `seconds`, cycling through the ask's questions; their
     TTFTs and event gaps summarized, the tokens a step took (drafted tokens come in their
     step's one event) and the median time a token took; with the server's process id, where
-    the first tokens' time went (bench/serving/first_token.py)."""
+    the first tokens' time went (bench/first_token.py)."""
     waits = first_token.Waits(server_pid) if server_pid else None
     parts: list[dict] = []
     ttft: list[float] = []
@@ -382,7 +382,7 @@ def format_report(report: dict) -> str:
 
 
 def _first_token_lines(cells: dict) -> list[str]:
-    """Where the first tokens' time went (bench/serving/first_token.py), for the cells that
+    """Where the first tokens' time went (bench/first_token.py), for the cells that
     measured it: each part's p50 / p90 / p99, and the parts of the slowest requests."""
     rows = [
         (label, c, cell["first_token"])

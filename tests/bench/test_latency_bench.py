@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import launcher, stats
+from bench import first_token, launcher, stats
 from bench.engine import machine_floor
-from bench.serving import first_token, latency, noise
+from bench.serving import latency, noise
 from inference.host.process import name_this_thread
 from service.config import physical_cores
 from tests.support.fakes import FakeEngine
