@@ -16,6 +16,7 @@ one table (system/measure-tuning.sh: tuned and untuned).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -165,7 +166,6 @@ def measure(
     TTFTs and event gaps summarized, the tokens a step took (drafted tokens come in their
     step's one event) and the median time a token took; with the server's process id, where
     the first tokens' time went (bench/first_token.py)."""
-    waits = first_token.Waits(server_pid) if server_pid else None
     parts: list[dict] = []
     ttft: list[float] = []
     gaps: list[float] = []
@@ -174,21 +174,21 @@ def measure(
     errors = 0
     asked = questions(ask)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        messages = asked[(len(ttft) + errors) % len(asked)]
-        result = stream_once(url, max_tokens, messages, waits=waits)
-        if "error" in result:
-            errors += 1
-            continue
-        if "first_token" in result:
-            parts.append(result["first_token"])
-        ttft.append(result["ttft_ms"])
-        gaps.extend(result["gaps_ms"])
-        tokens, steps = tokens + result["tokens"], steps + result["steps"]
-        if result["ms_a_token"] is not None:
-            per_token.append(result["ms_a_token"])
-    if waits:
-        waits.close()
+    opened = first_token.Waits(server_pid) if server_pid else contextlib.nullcontext()
+    with opened as waits:
+        while time.monotonic() < end:
+            messages = asked[(len(ttft) + errors) % len(asked)]
+            result = stream_once(url, max_tokens, messages, waits=waits)
+            if "error" in result:
+                errors += 1
+                continue
+            if "first_token" in result:
+                parts.append(result["first_token"])
+            ttft.append(result["ttft_ms"])
+            gaps.extend(result["gaps_ms"])
+            tokens, steps = tokens + result["tokens"], steps + result["steps"]
+            if result["ms_a_token"] is not None:
+                per_token.append(result["ms_a_token"])
     cell = {
         "ttft_ms": summary(ttft),
         "gap_ms": summary(gaps),
@@ -373,47 +373,12 @@ def format_report(report: dict) -> str:
                 f"| {gap['n']} | {steps} | {_quants(ttft)} | {cell['loadavg_1m'][0]}, "
                 f"{cell['loadavg_1m'][1]} |"
             )
-    lines += _first_token_lines(cells)
+    lines += first_token.table_lines(cells)
     lines += ["", "Settings:"]
     lines += [f"- {label}: {text}" for label, text in report["settings"].items()]
     metas = report.get("metas", [report.get("meta", {})])
     lines += ["", "Run: " + "; ".join(json.dumps(m, sort_keys=True) for m in metas)]
     return "\n".join(lines)
-
-
-def _first_token_lines(cells: dict) -> list[str]:
-    """Where the first tokens' time went (bench/first_token.py), for the cells that
-    measured it: each part's p50 / p90 / p99, and the parts of the slowest requests."""
-    rows = [
-        (label, c, cell["first_token"])
-        for label, row in cells.items()
-        for c, cell in row.items()
-        if "first_token" in cell
-    ]
-    if not rows:
-        return []
-    lines = [
-        "",
-        "First token, ms p50 / p90 / p99: the server's queue and first step; the rest (the "
-        "request's way in, the first event's way out); run-queue waits meanwhile of the "
-        "client, the server's HTTP threads and its inference threads (summed over threads); "
-        "the slowest requests as TTFT = server + rest (waits client, HTTP, inference)",
-        "",
-        "| setting | condition | server | rest | client waits | HTTP threads wait "
-        "| inference threads wait | slowest |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for label, condition, parts in rows:
-        quants = [
-            " / ".join(f"{parts[p][q]:g}" for q in ("p50", "p90", "p99")) for p in first_token.PARTS
-        ]
-        slowest = ", ".join(
-            f"{r['ttft_ms']:.1f} = {r['server_ms']:.1f} + {r['outside_ms']:.1f} "
-            f"({r['client_wait_ms']:.1f}, {r['http_wait_ms']:.1f}, {r['inference_wait_ms']:.1f})"
-            for r in parts["slowest"]
-        )
-        lines.append(f"| {label} | {condition} | " + " | ".join(quants) + f" | {slowest} |")
-    return lines
 
 
 def _quants(s: dict) -> str:

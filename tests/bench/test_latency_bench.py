@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import threading
@@ -87,34 +88,37 @@ def test_stream_once_against_a_server(fake_server) -> None:
 
 
 def test_first_token_waits_are_read_by_role() -> None:
-    """Two threads named as the inference threads, busy on one CPU, each wait for it about
-    half the time: their role's run-queue time grows by tens of ms, the client's does not."""
+    """Four threads busy on one CPU outside the GIL (hashing), two named as the inference
+    threads: each waits for the CPU most of the time, so both roles' run-queue time grows
+    by hundreds of ms, and the sleeping client's does not."""
     stop = threading.Event()
-    ready = threading.Barrier(3)
+    ready = threading.Barrier(5, timeout=10)
+    data = bytes(1 << 20)
 
-    def busy() -> None:
-        name_this_thread()
+    def busy(named: bool) -> None:
+        if named:
+            name_this_thread()
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         ready.wait()
         while not stop.is_set():
-            pass
+            hashlib.sha256(data)  # releases the GIL: both threads stay runnable
 
-    threads = [threading.Thread(target=busy) for _ in range(2)]
+    threads = [threading.Thread(target=busy, args=(named,)) for named in (1, 1, 0, 0)]
     for thread in threads:
         thread.start()
-    ready.wait()
-    waits = first_token.Waits(os.getpid())
     try:
-        before = waits.now()
-        time.sleep(0.3)
-        after = waits.now()
+        ready.wait()
+        with first_token.Waits(os.getpid()) as waits:
+            before = waits.now()
+            time.sleep(0.3)
+            after = waits.now()
     finally:
         stop.set()
         for thread in threads:
             thread.join()
-        waits.close()
     assert set(before) == {"client", "http", "inference"}
     assert after["inference"] - before["inference"] > 50e6, (before, after)
+    assert after["http"] - before["http"] > 50e6, (before, after)
     assert after["client"] - before["client"] < 50e6, (before, after)
 
 
