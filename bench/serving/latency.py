@@ -274,10 +274,10 @@ def run(args, log=print) -> dict:
                 for _ in range(WARMUP_REQUESTS):
                     stream_once(url, args.max_tokens)
                 quiet = None  # this setting's quiet floor, once measured
+                pid = server.proc.pid if server else None  # its threads' waits are read
                 for condition in args.conditions:
                     floor = floor_for(chosen, condition, quiet)
                     with client_priority(chosen.nice, chosen.slice_us()):
-                        pid = server.proc.pid if server else None
                         cell = run_cell(url, condition, args, file, log, floor, pid)
                     if condition == "quiet":
                         quiet = cell["floor"]

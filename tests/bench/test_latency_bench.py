@@ -101,7 +101,7 @@ def test_first_token_waits_are_read_by_role() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         ready.wait()
         while not stop.is_set():
-            hashlib.sha256(data)  # releases the GIL: both threads stay runnable
+            hashlib.sha256(data)  # releases the GIL: all four threads stay runnable
 
     threads = [threading.Thread(target=busy, args=(named,)) for named in (1, 1, 0, 0)]
     for thread in threads:
