@@ -24,6 +24,7 @@ from inference.host.process import (
     name_this_thread,
     set_slice,
 )
+from inference.host.realtime import RealtimeFirstStep
 from inference.host.threads import governor_for
 from inference.loading.assemble import (
     ModelLoadError,
@@ -199,12 +200,14 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
         config.thread_policy, plan.quantize, config.threads, lambda n: worker.engine.set_threads(n)
     )
     runtime.thread_governor = governor
+    realtime = RealtimeFirstStep(config.realtime_first_step_ms, config.sched_slice_us)
     worker = Worker(
         None,
         config.max_queue,
         config.max_batch,
         config.batch_memory_mb * 1024 * 1024,
         pace=governor.tick if governor is not None else None,
+        realtime=realtime,
     )
     period = watchdog_period()
     if period > 0:  # an idle worker beats within the period, or pings are skipped
@@ -231,6 +234,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
             pinning.pin_inference()  # ... and this CPU mask
         engine, prompts = load_model(choice, config, status, build_grammars, plan)
         engine.set_threads(config.threads)  # the native step's pool; torch's ops on one
+        realtime.check()  # with the pool started: its threads are raised too
         return engine
 
     def abandon() -> None:

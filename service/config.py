@@ -294,6 +294,17 @@ class Config:
         100_000,
         check=_slice,
     )
+    realtime_first_step_ms: int = _setting(
+        0,
+        "Run a request's first step (its prompt, up to the first token) with the inference "
+        "threads at real-time priority (SCHED_FIFO 1) when that step is expected to take at "
+        "most this many milliseconds: beside busy programs the first token then waits for no "
+        "CPU; for that long the PC's other programs wait. Needs LimitRTPRIO=1 and "
+        "RestrictRealtime=no in the unit (the dedicated-pc profile: 50), else one WARNING "
+        "line and it stays off. 0: never (docs/latency.md).",
+        0,
+        1000,
+    )
     mlock: bool = _setting(
         False,
         "Lock what is resident after the warm-up (the model, the code that runs it) in RAM "

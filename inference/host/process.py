@@ -15,6 +15,7 @@ import logging
 import os
 import resource
 import struct
+from typing import NamedTuple
 
 from service.cpu_list import format_cpu_list
 
@@ -89,8 +90,48 @@ _SCHED_SYSCALLS = {
     ("armv7l", 4): (380, 381),
 }
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
-_FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH)  # the ones the kernel gives a slice to
+FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH)  # the ones the kernel gives a slice to
 _SCHED_FLAG_RESET_ON_FORK = 1
+
+
+class SchedAttr(NamedTuple):
+    """struct sched_attr's fields that a thread's scheduling is (not SCHED_DEADLINE's)."""
+
+    policy: int
+    flags: int
+    nice: int
+    priority: int  # SCHED_FIFO/RR's; 0 for the fair policies
+    runtime: int  # for the fair policies, the thread's slice in ns (Linux 6.12+)
+
+
+def _sched_numbers() -> tuple[int, int] | None:
+    return _SCHED_SYSCALLS.get((os.uname().machine, struct.calcsize("P")))
+
+
+def sched_attr(tid: int = 0) -> SchedAttr | str:
+    """A thread's scheduling (0: the calling one) as sched_getattr reads it, else the
+    one-line reason it could not."""
+    numbers = _sched_numbers()
+    if numbers is None:
+        return f"no sched_getattr number known for {os.uname().machine}"
+    got = ctypes.create_string_buffer(_SCHED_ATTR.size)
+    if _libc.syscall(numbers[1], tid, got, _SCHED_ATTR.size, 0) != 0:
+        return f"sched_getattr failed ({os.strerror(ctypes.get_errno())})"
+    _size, policy, flags, nice, priority, runtime, *_ = _SCHED_ATTR.unpack(got.raw)
+    return SchedAttr(policy, flags, nice, priority, runtime)
+
+
+def set_sched_attr(tid: int, attr: SchedAttr) -> str | None:
+    """sched_setattr for one thread (0: the calling one): None when the kernel took it,
+    else the one-line reason it did not. Unlike sched_setscheduler it keeps (or sets) the
+    thread's own slice: `runtime` is the slice for fair policies (0: the kernel's)."""
+    numbers = _sched_numbers()
+    if numbers is None:
+        return f"no sched_setattr number known for {os.uname().machine}"
+    packed = _SCHED_ATTR.pack(_SCHED_ATTR.size, *attr, 0, 0, 0, 0)
+    if _libc.syscall(numbers[0], tid, ctypes.create_string_buffer(packed), 0) != 0:
+        return f"sched_setattr failed ({os.strerror(ctypes.get_errno())})"
+    return None
 
 
 def set_slice(microseconds: int) -> str | None:
@@ -99,28 +140,22 @@ def set_slice(microseconds: int) -> str | None:
     its nice and policy kept. Since Linux 6.12 a waking thread with a shorter slice than the
     running one may take the CPU at once instead of at the next tick (docs/latency.md).
     Returns None when the kernel took it, else the one-line reason it did not."""
-    numbers = _SCHED_SYSCALLS.get((os.uname().machine, struct.calcsize("P")))
-    if numbers is None:
-        return f"not set: no sched_setattr number known for {os.uname().machine}"
-    setattr_nr, getattr_nr = numbers
     policy = os.sched_getscheduler(0)
     flags = _SCHED_FLAG_RESET_ON_FORK if policy & os.SCHED_RESET_ON_FORK else 0
     policy &= ~os.SCHED_RESET_ON_FORK
-    if policy not in _FAIR_POLICIES:
+    if policy not in FAIR_POLICIES:
         return f"not set: the thread's scheduling policy ({policy}) has no slice"
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     runtime = microseconds * 1000
-    attr = ctypes.create_string_buffer(
-        _SCHED_ATTR.pack(_SCHED_ATTR.size, policy, flags, nice, 0, runtime, 0, 0, 0, 0)
-    )
-    if _libc.syscall(setattr_nr, 0, attr, 0) != 0:
-        return f"not set: sched_setattr failed ({os.strerror(ctypes.get_errno())})"
+    problem = set_sched_attr(0, SchedAttr(policy, flags, nice, 0, runtime))
+    if problem:
+        return f"not set: {problem}"
     if not microseconds:
         return None
-    got = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    if _libc.syscall(getattr_nr, 0, got, _SCHED_ATTR.size, 0) != 0:
-        return f"not known: sched_getattr failed ({os.strerror(ctypes.get_errno())})"
-    if _SCHED_ATTR.unpack(got.raw)[5] != runtime:  # 6.12+ reports the slice as sched_runtime
+    got = sched_attr(0)
+    if isinstance(got, str):
+        return f"not known: {got}"
+    if got.runtime != runtime:  # 6.12+ reports the slice as sched_runtime
         return "not set: this kernel keeps its own slice (a thread's own came in Linux 6.12)"
     return None
 

@@ -63,6 +63,8 @@ class EngineLike(Protocol):
 
     def idle(self) -> None: ...
 
+    def prefill_step_s(self, streams: list) -> float | None: ...
+
 
 @dataclass
 class Running:

@@ -167,6 +167,14 @@ class Engine:
         """The thread count of the steps from here on (the thread governor's)."""
         self.decoder.set_threads(threads)
 
+    def prefill_step_s(self, streams: list[Stream]) -> float | None:
+        """Expected seconds of a step that computes every prefilling stream's whole rest of
+        its prompt (the step that gives them their first tokens, or longer than any step
+        that only starts it); None when none prefills or nothing is measured yet. The
+        worker's bound on a real-time first step (inference/host/realtime.py)."""
+        rows = sum(len(s.prompt_ids) - s.prefilled for s in streams if s.prefilling)
+        return self.chunks.step_s(rows) if rows else None
+
     def idle(self) -> None:
         """Nothing has run for a while (the worker's IDLE_RELEASE_S): the finished jobs'
         cache buffers kept for the next ones leave RSS."""

@@ -212,6 +212,13 @@ class PromptChunks:
         elif self.decode_s is not None:
             self.row_s = _blend(self.row_s, max(seconds - self.decode_s, 0.0) / prompt_rows)
 
+    def step_s(self, prompt_rows: int) -> float | None:
+        """Expected seconds of a step carrying `prompt_rows` prompt rows (the answering
+        streams' cost plus each row's); None until both have been measured."""
+        if self.decode_s is None or self.row_s is None:
+            return None
+        return self.decode_s + prompt_rows * self.row_s
+
     def beside(self) -> int:
         """Prompt rows for the next step that has answering streams in it."""
         if self.decode_s is None or not self.row_s:

@@ -18,8 +18,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from inference.host.process import between_jobs  # latency: GC between jobs
+from inference.host.realtime import RealtimeFirstStep
 from inference.runtime.batch import Batch, EngineLike, Running, own_failure
 from inference.runtime.jobs import Done, Failed, Job, Sampling
 from service.errors import Cancelled, Internal, Overloaded, ServiceError, Timeout, Unavailable
@@ -44,6 +46,7 @@ class Worker:
         max_batch: int = 1,
         batch_memory: int | None = None,
         pace: Callable[[tuple[int, float] | None, bool], None] | None = None,
+        realtime: RealtimeFirstStep | None = None,
     ):
         self.engine = engine  # None until start(load) has built it in the thread
         self.capacity = max_queue
@@ -52,6 +55,8 @@ class Worker:
         # Called in the thread before each step with the engine's last forward and whether
         # the step gives a job its first token (inference/host/threads.py: the thread count).
         self.pace = pace
+        # Raises the inference threads to real-time for a short first step (host/realtime.py).
+        self.realtime = realtime
         # The FIFO of waiting jobs. One lock guards it and the batch: a job is either
         # waiting, or running, or ended, and moves between them only under the lock.
         self._waiting: deque[Job] = deque()
@@ -304,10 +309,23 @@ class Worker:
                 self._leave(entry, self._batch.timed_out(entry))
 
     def _step(self) -> None:
-        if not self._batch.step(self.engine):
+        if not self._run_forward():
             return
         self.heartbeat = time.monotonic()
         self._batch.settle(self.engine)
+
+    def _run_forward(self) -> bool:
+        """The batch's step; a short one that gives a request its first token with the
+        inference threads real-time (--realtime-first-step-ms), lowered before the new text
+        goes out, so the threads it wakes find the CPUs free."""
+        realtime = self.realtime
+        raised = (
+            realtime is not None
+            and realtime.on
+            and realtime.fits(self.engine.prefill_step_s([e.stream for e in self._batch.entries]))
+        )
+        with realtime.raised() if raised else nullcontext():
+            return self._batch.step(self.engine)
 
     def _leave(self, entry: Running, error: ServiceError) -> None:
         self._batch.leave(self.engine, entry, error)

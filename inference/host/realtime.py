@@ -1,0 +1,145 @@
+"""A request's first step at real-time priority (--realtime-first-step-ms): the inference
+threads at SCHED_FIFO 1 for the step that gives a waiting request its first token, back to
+their own policy, nice and slice right after.
+
+Why: beside busy programs a fair thread that loses its CPU gets it back at the busy one's
+next scheduler event, up to a tick later (4 ms at 250 Hz), and a step's threads wait for
+each other, so the first token's tail beside two busy processes was 2-3x the quiet median.
+At SCHED_FIFO the step's threads take their CPUs from any fair thread at once. Only the
+first step: while later steps run, the client reading the answer and the HTTP threads
+need a CPU too (with every server thread real-time they starved: gaps of half a second),
+and during a first step nothing is ready to be read yet (docs/latency.md).
+
+The bound: only a step expected (at the engine's measured rates) to take at most the
+setting's milliseconds is raised, so a long prompt never holds the CPUs from the PC's other
+programs for seconds; the kernel's own guard (sched_rt_runtime_us; the fair server since
+Linux 6.12) stays the backstop. The permission: root, or LimitRTPRIO=1 with
+RestrictRealtime=no in the unit (the dedicated-pc profile); refused, one WARNING and off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from inference.host.process import (
+    FAIR_POLICIES,
+    INFERENCE_THREAD_NAME,
+    SchedAttr,
+    sched_attr,
+    set_sched_attr,
+)
+
+log = logging.getLogger("deskchat.host")
+
+PRIORITY = 1  # the lowest real-time priority: above every fair thread, below the kernel's
+_TASKS = "/proc/self/task"
+
+
+class RealtimeFirstStep:
+    """`fits(expected_s)` says whether a first step may run raised; `with raised():` runs it
+    so. Called in the inference thread only."""
+
+    def __init__(self, most_ms: int, slice_us: int):
+        self.most_s = most_ms / 1000
+        self.on = most_ms > 0
+        self.slice_ns = slice_us * 1000  # the slice the threads run with (--sched-slice-us)
+        self._inference: dict[str, bool] = {}  # thread id -> whether it is an inference thread
+
+    def fits(self, expected_s: float | None) -> bool:
+        """A step expected to take `expected_s` (None: not known) may run raised."""
+        return expected_s is not None and expected_s <= self.most_s
+
+    @contextmanager
+    def raised(self) -> Iterator[None]:
+        """The inference threads at SCHED_FIFO 1 inside, back to what they were after, even
+        when the step raises."""
+        saved = self._raise()
+        try:
+            yield
+        finally:
+            self._lower(saved)
+
+    def check(self) -> None:
+        """Raise and lower once at the start, so a refusal is logged before any request."""
+        if not self.on:
+            return
+        with self.raised():
+            pass
+        if self.on:
+            log.info(
+                "a request's first step runs real-time (SCHED_FIFO %d) when expected to take "
+                "at most %g ms",
+                PRIORITY,
+                self.most_s * 1000,
+            )
+
+    def threads(self) -> list[int]:
+        """The process's inference threads (the thread named INFERENCE_THREAD_NAME and the
+        pools it started, which inherit its name), by thread id."""
+        tids = os.listdir(_TASKS)
+        for tid in tids:
+            if tid not in self._inference:
+                self._inference[tid] = _comm(tid) == INFERENCE_THREAD_NAME
+        if len(self._inference) > len(tids):  # some ended: forget them
+            self._inference = {tid: self._inference[tid] for tid in tids}
+        return [int(tid) for tid in tids if self._inference[tid]]
+
+    def _raise(self) -> dict[int, SchedAttr]:
+        """Each fair inference thread to SCHED_FIFO; what each was, to lower it again. A
+        thread already real-time (or SCHED_IDLE) is the operator's choice: left as it is."""
+        saved: dict[int, SchedAttr] = {}
+        for tid in self.threads():
+            was = sched_attr(tid)
+            if isinstance(was, str) or was.policy not in FAIR_POLICIES:
+                continue  # ended meanwhile, or not a fair thread
+            problem = set_sched_attr(tid, SchedAttr(os.SCHED_FIFO, was.flags, 0, PRIORITY, 0))
+            if problem:
+                self._refused(problem)
+                self._lower(saved)
+                return {}
+            saved[tid] = was
+        return saved
+
+    def _lower(self, saved: dict[int, SchedAttr]) -> None:
+        """Back to each thread's policy and nice (which the kernel kept while it was
+        real-time, so no privilege is needed) and the server's slice. A thread started
+        during the step (a pool growing) inherited the raised policy: it gets the calling
+        thread's, which it would have inherited otherwise."""
+        if not saved:
+            return
+        mine = saved.get(threading.get_native_id())
+        for tid in self.threads():
+            was = saved.get(tid, mine)
+            if was is None:
+                continue
+            back = SchedAttr(was.policy, was.flags, was.nice, 0, self.slice_ns)
+            if tid not in saved:
+                now = sched_attr(tid)
+                if isinstance(now, str) or now.policy != os.SCHED_FIFO:
+                    continue  # not one born raised
+            problem = set_sched_attr(tid, back)
+            if problem:  # not expected; a thread left real-time is the worst outcome: off
+                self.on = False
+                log.error("cannot lower inference thread %d from real-time: %s", tid, problem)
+
+    def _refused(self, problem: str) -> None:
+        self.on = False
+        log.warning(
+            "--realtime-first-step-ms: off: %s for SCHED_FIFO %d; the unit needs "
+            "LimitRTPRIO=1 and RestrictRealtime=no (the dedicated-pc profile sets both), "
+            "or run the server as root",
+            problem,
+            PRIORITY,
+        )
+
+
+def _comm(tid: str) -> str | None:
+    try:
+        with open(f"{_TASKS}/{tid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:  # it ended meanwhile
+        return None
