@@ -83,6 +83,9 @@ SETTINGS: dict[str, Setting] = {
     "slice-default": Setting(
         ("--sched-slice-us", "0"), about="the kernel's scheduler slice, whatever the profile's"
     ),
+    "no-realtime": Setting(
+        ("--realtime-first-step-ms", "0"), about="no real-time first step, whatever the profile's"
+    ),
     "shared-desk": Setting(
         env=profile_environment("shared-desk"),
         nice=profile_nice("shared-desk", BUSY),

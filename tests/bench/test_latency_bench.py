@@ -261,7 +261,11 @@ def test_a_profiles_rows_run_the_server_with_the_profiles_environment() -> None:
     """The profile rows take the Environment= lines of the profile's drop-in (not its
     commented examples), so the dedicated row asks for the unit's slice; a flag wins."""
     dedicated = launcher.profile_environment("dedicated-pc")
-    assert dedicated == {"DESKCHAT_MLOCK": "1", "DESKCHAT_SCHED_SLICE_US": "100"}
+    assert dedicated == {
+        "DESKCHAT_MLOCK": "1",
+        "DESKCHAT_REALTIME_FIRST_STEP_MS": "50",
+        "DESKCHAT_SCHED_SLICE_US": "100",
+    }
     assert latency.setting("dedicated").env == dedicated
     assert latency.setting("dedicated").slice_us() == 100
     assert latency.setting("dedicated+slice-default").slice_us() == 0  # the flag wins

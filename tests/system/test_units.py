@@ -236,7 +236,11 @@ def test_priority_profiles() -> None:
     assert int(shared_slice["CPUWeight"][-1]) < 100  # user.slice's weight is 100
     assert int(dedicated["Nice"][-1]) < 0 and int(dedicated_slice["CPUWeight"][-1]) > 100
     assert not set(SHARES) & (set(shared) | set(dedicated))
-    assert "CPUSchedulingPolicy" not in dedicated  # no real-time: RestrictRealtime stays
+    assert "CPUSchedulingPolicy" not in dedicated  # real time for first steps alone:
+    assert "DESKCHAT_REALTIME_FIRST_STEP_MS=50" in dedicated["Environment"]
+    assert (dedicated["LimitRTPRIO"], dedicated["RestrictRealtime"]) == (["1"], ["no"])
+    assert unit["RestrictRealtime"] == ["yes"] and "RestrictRealtime" not in shared
+    assert "LimitRTPRIO" not in unit and "LimitRTPRIO" not in shared
     assert "DESKCHAT_MLOCK=1" in dedicated["Environment"]
     assert unit["LimitMEMLOCK"] == ["infinity"]  # --mlock needs it (inference/host/process.py)
 
