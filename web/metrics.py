@@ -110,6 +110,12 @@ class _LiveState:
             "Times the adaptive policy changed the inference thread count.",
             governor.changes if governor is not None else 0,
         )
+        realtime = worker.realtime if worker else None
+        yield CounterMetricFamily(
+            "deskchat_realtime_first_steps",
+            "First steps run with the inference threads real-time (--realtime-first-step-ms).",
+            realtime.steps if realtime is not None else 0,
+        )
         engine = worker.engine if worker else None
         for name, help, value in (
             ("deskchat_draft_tokens", "Tokens drafted by prompt lookup and checked.", "drafted"),

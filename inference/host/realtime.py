@@ -48,6 +48,7 @@ class RealtimeFirstStep:
         self.on = most_ms > 0
         self.slice_ns = slice_us * 1000  # the slice the threads run with (--sched-slice-us)
         self._inference: dict[str, bool] = {}  # thread id -> whether it is an inference thread
+        self.steps = 0  # steps run raised (the metrics' deskchat_realtime_first_steps)
 
     def fits(self, expected_s: float | None) -> bool:
         """A step expected to take `expected_s` (None: not known) may run raised."""
@@ -58,6 +59,7 @@ class RealtimeFirstStep:
         """The inference threads at SCHED_FIFO 1 inside, back to what they were after, even
         when the step raises."""
         saved = self._raise()
+        self.steps += bool(saved)
         try:
             yield
         finally:

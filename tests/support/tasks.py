@@ -60,3 +60,13 @@ def slice_ns(task: int | str | Path = "self") -> int | None:
 def task_slices(pid: int | str = "self") -> list[tuple[str, int | None]]:
     """(thread name, scheduler slice in ns) for every thread of a process."""
     return _each_task(pid, slice_ns)
+
+
+def _policy_and_nice(task: Path) -> tuple[int, int]:
+    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()  # from field 3 on
+    return int(fields[38]), int(fields[16])  # policy (field 41), nice (field 19)
+
+
+def task_policies(pid: int | str = "self") -> list[tuple[str, tuple[int, int]]]:
+    """(thread name, (scheduling policy, nice)) for every thread of a process."""
+    return _each_task(pid, _policy_and_nice)

@@ -1,6 +1,6 @@
-"""The real-time first step's thread switching (inference/host/realtime.py), on real threads
-of this process and of a child without the privilege: what each thread's scheduling is
-inside `raised()` and after it."""
+"""The real-time first step (inference/host/realtime.py): its thread switching on real
+threads of this process and of a child without the privilege (each thread's scheduling
+inside `raised()` and after it), and the real server that uses it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import textwrap
 import threading
 
 from inference.host import process as host
+from inference.host.process import INFERENCE_THREAD_NAME
 from inference.host.realtime import PRIORITY, RealtimeFirstStep
+from tests.support.httpclient import chat
+from tests.support.metrics import scrape, value
 from tests.support.paths import ROOT
-from tests.support.tasks import slices_settable
+from tests.support.tasks import slices_settable, task_policies
 
 SLICE_US = 250
 
@@ -194,3 +197,46 @@ def test_without_the_privilege_it_lowers_to_the_nice_it_had_and_refuses_in_one_w
     assert len(warnings) == 1, done.stderr
     assert "Operation not permitted" in warnings[0] and "LimitRTPRIO=1" in warnings[0]
     assert "runs real-time" not in done.stderr  # check() says it is on only when it is
+
+
+# -- the real server ---------------------------------------------------------------------------
+
+
+def _inference_policies(pid: int) -> set[tuple[int, int]]:
+    return {sched for name, sched in task_policies(pid) if name == INFERENCE_THREAD_NAME}
+
+
+def _raised(server) -> float:
+    return value(scrape(server.url), "deskchat_realtime_first_steps_total")
+
+
+def test_the_server_raises_a_short_first_step_per_request_and_no_long_one(start_server) -> None:
+    server = start_server("--model", "embedded", "--realtime-first-step-ms", "50")
+    lines = [x for x in server.log().splitlines() if "real-time" in x]
+    assert len(lines) == 1 and "INFO" in lines[0] and "at most 50 ms" in lines[0], lines
+    before = _raised(server)
+    for question in ("Name a colour.", "What is 2 + 2?", "Say hello."):
+        reply = chat(server.url, {"message": question, "max_tokens": 6})
+        assert reply.status == 200, reply.body
+    assert _raised(server) - before == 3  # one first step each; their later steps are not
+    long = "Summarize: " + "the printer on the second floor jams every morning. " * 40
+    reply = chat(server.url, {"message": long, "max_tokens": 6})
+    assert reply.status == 200, reply.body
+    assert _raised(server) - before == 3  # its prompt was expected to take longer
+    assert _inference_policies(server.proc.pid) == {(os.SCHED_OTHER, 0)}
+
+
+def test_a_server_without_the_privilege_says_so_once_and_answers(start_server) -> None:
+    server = start_server(
+        "--model",
+        "embedded",
+        "--realtime-first-step-ms",
+        "50",
+        wrapper=["setpriv", "--bounding-set=-sys_nice"],  # no CAP_SYS_NICE; RLIMIT_RTPRIO 0
+    )
+    reply = chat(server.url, {"message": "Name a colour.", "max_tokens": 6})
+    assert reply.status == 200, reply.body
+    lines = [x for x in server.log().splitlines() if "--realtime-first-step-ms" in x]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "LimitRTPRIO=1" in lines[0], lines
+    assert _raised(server) == 0
+    assert _inference_policies(server.proc.pid) == {(os.SCHED_OTHER, 0)}
