@@ -108,13 +108,15 @@ class RealtimeFirstStep:
 
     def _lower(self, saved: dict[int, SchedAttr]) -> None:
         """Back to each thread's policy and nice (which the kernel kept while it was
-        real-time, so no privilege is needed) and the server's slice. A thread started
+        real-time, so no privilege is needed) and the server's slice; the calling thread
+        last, so that it is not preempted while others are still real-time. A thread started
         during the step (a pool growing) inherited the raised policy: it gets the calling
         thread's, which it would have inherited otherwise."""
         if not saved:
             return
-        mine = saved.get(threading.get_native_id())
-        for tid in self.threads():
+        me = threading.get_native_id()
+        mine = saved.get(me)
+        for tid in sorted(self.threads(), key=lambda tid: tid == me):
             was = saved.get(tid, mine)
             if was is None:
                 continue
