@@ -234,7 +234,7 @@ def serve(config: Config, plan: cpu.Plan, pinning: Pinning | None) -> int:
             pinning.pin_inference()  # ... and this CPU mask
         engine, prompts = load_model(choice, config, status, build_grammars, plan)
         engine.set_threads(config.threads)  # the native step's pool; torch's ops on one
-        realtime.check()  # with the pool started: its threads are raised too
+        realtime.check()  # a refusal is logged before the warm-up
         return engine
 
     def abandon() -> None:

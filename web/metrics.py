@@ -113,7 +113,8 @@ class _LiveState:
         realtime = worker.realtime if worker else None
         yield CounterMetricFamily(
             "deskchat_realtime_first_steps",
-            "First steps run with the inference threads real-time (--realtime-first-step-ms).",
+            "Steps run with the inference threads real-time (--realtime-first-step-ms): a "
+            "request's first, or a long prompt's last ones.",
             realtime.steps if realtime is not None else 0,
         )
         engine = worker.engine if worker else None

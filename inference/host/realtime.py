@@ -19,6 +19,7 @@ RestrictRealtime=no in the unit (the dedicated-pc profile); refused, one WARNING
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -58,19 +59,19 @@ class RealtimeFirstStep:
     def raised(self) -> Iterator[None]:
         """The inference threads at SCHED_FIFO 1 inside, back to what they were after, even
         when the step raises."""
-        saved = self._raise()
+        saved, present = self._raise()
         self.steps += bool(saved)
         try:
             yield
         finally:
-            self._lower(saved)
+            self._lower(saved, present)
 
     def check(self) -> None:
-        """Raise and lower once at the start, so a refusal is logged before any request."""
+        """Raise and lower once at the start (the calling thread: the pool starts at the
+        first forward), so a refusal is logged before any request. Not counted as a step."""
         if not self.on:
             return
-        with self.raised():
-            pass
+        self._lower(*self._raise())
         if self.on:
             log.info(
                 "a request's first step runs real-time (SCHED_FIFO %d) when expected to take "
@@ -90,52 +91,66 @@ class RealtimeFirstStep:
             self._inference = {tid: self._inference[tid] for tid in tids}
         return [int(tid) for tid in tids if self._inference[tid]]
 
-    def _raise(self) -> dict[int, SchedAttr]:
-        """Each fair inference thread to SCHED_FIFO; what each was, to lower it again. A
-        thread already real-time (or SCHED_IDLE) is the operator's choice: left as it is."""
+    def _raise(self) -> tuple[dict[int, SchedAttr], set[str]]:
+        """Each fair inference thread to SCHED_FIFO: what each was, to lower it again, and
+        every thread id there was before (a thread not among them was born raised). A thread
+        already real-time (or SCHED_IDLE) is the operator's choice: left as it is."""
+        present = set(os.listdir(_TASKS))
         saved: dict[int, SchedAttr] = {}
-        for tid in self.threads():
-            was = sched_attr(tid)
-            if isinstance(was, str) or was.policy not in FAIR_POLICIES:
-                continue  # ended meanwhile, or not a fair thread
-            problem = set_sched_attr(tid, SchedAttr(os.SCHED_FIFO, was.flags, 0, PRIORITY, 0))
-            if problem:
-                self._refused(problem)
-                self._lower(saved)
-                return {}
-            saved[tid] = was
-        return saved
+        try:
+            for tid in self.threads():
+                was = sched_attr(tid)
+                if isinstance(was, str) or was.policy not in FAIR_POLICIES:
+                    continue  # ended meanwhile, or not a fair thread
+                raised = SchedAttr(os.SCHED_FIFO, was.flags, 0, PRIORITY, 0)
+                problem = set_sched_attr(tid, raised)
+                if problem:
+                    self._refused(problem)
+                    self._lower(saved, present)
+                    return {}, present
+                saved[tid] = was
+        except BaseException:
+            self._lower(saved, present)
+            raise
+        return saved, present
 
-    def _lower(self, saved: dict[int, SchedAttr]) -> None:
+    def _lower(self, saved: dict[int, SchedAttr], present: set[str]) -> None:
         """Back to each thread's policy and nice (which the kernel kept while it was
         real-time, so no privilege is needed) and the server's slice; the calling thread
-        last, so that it is not preempted while others are still real-time. A thread started
-        during the step (a pool growing) inherited the raised policy: it gets the calling
-        thread's, which it would have inherited otherwise."""
+        last, so that it is not preempted while others are still real-time. A thread born
+        during the step (a pool growing), whatever its name, inherited the raised policy:
+        it gets the calling thread's, which it would have inherited otherwise."""
         if not saved:
             return
         me = threading.get_native_id()
-        mine = saved.get(me)
-        for tid in sorted(self.threads(), key=lambda tid: tid == me):
-            was = saved.get(tid, mine)
-            if was is None:
-                continue
-            back = SchedAttr(was.policy, was.flags, was.nice, 0, self.slice_ns)
+        mine = saved.get(me) or next(iter(saved.values()))
+        born = [int(tid) for tid in os.listdir(_TASKS) if tid not in present]
+        for tid in [*born, *sorted(saved, key=lambda tid: tid == me)]:
             if tid not in saved:
                 now = sched_attr(tid)
-                if isinstance(now, str) or now.policy != os.SCHED_FIFO:
-                    continue  # not one born raised
-            problem = set_sched_attr(tid, back)
-            if problem:  # not expected; a thread left real-time is the worst outcome: off
-                self.on = False
-                log.error("cannot lower inference thread %d from real-time: %s", tid, problem)
+                if isinstance(now, str) or (now.policy, now.priority) != (os.SCHED_FIFO, PRIORITY):
+                    continue  # ended, or not born raised
+            self._back(tid, saved.get(tid, mine))
+
+    def _back(self, tid: int, was: SchedAttr) -> None:
+        problem = set_sched_attr(tid, SchedAttr(was.policy, was.flags, was.nice, 0, self.slice_ns))
+        if problem is None or not os.path.exists(f"{_TASKS}/{tid}"):
+            return  # back, or it ended meanwhile
+        # Not expected. A thread left real-time is the worst outcome: plain SCHED_OTHER
+        # (nice and slice lost) rather than that, and the setting off.
+        flags = os.SCHED_RESET_ON_FORK if was.flags & 1 else 0  # SCHED_FLAG_RESET_ON_FORK
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, os.SCHED_OTHER | flags, os.sched_param(0))
+        self.on = False
+        log.error("inference thread %d: cannot lower it from real-time as it was: %s", tid, problem)
 
     def _refused(self, problem: str) -> None:
         self.on = False
         log.warning(
             "--realtime-first-step-ms: off: %s for SCHED_FIFO %d; the unit needs "
             "LimitRTPRIO=1 and RestrictRealtime=no (the dedicated-pc profile sets both), "
-            "or run the server as root",
+            "or run the server as root; a kernel with real-time group scheduling also needs "
+            "real-time time for its cgroup",
             problem,
             PRIORITY,
         )

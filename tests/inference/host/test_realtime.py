@@ -10,6 +10,8 @@ import sys
 import textwrap
 import threading
 
+import pytest
+
 from inference.host import process as host
 from inference.host.process import INFERENCE_THREAD_NAME
 from inference.host.realtime import PRIORITY, RealtimeFirstStep
@@ -70,6 +72,8 @@ def test_the_inference_threads_run_fifo_inside_and_their_own_after() -> None:
 
     def body(seen: dict, tids: dict) -> None:
         realtime = RealtimeFirstStep(50, SLICE_US)
+        realtime.check()  # raises and lowers once, counted as no step
+        seen["checked"] = realtime.steps
         seen["before"] = {name: _attr(tid) for name, tid in tids.items()}
         with realtime.raised():
             seen["inside"] = {name: _attr(tid) for name, tid in tids.items()}
@@ -77,7 +81,7 @@ def test_the_inference_threads_run_fifo_inside_and_their_own_after() -> None:
         seen["on"] = realtime.on
 
     seen = _in_inference_threads(body)
-    assert seen["on"]
+    assert seen["on"] and seen["checked"] == 0
     for name in ("self", "child"):
         inside = seen["inside"][name]
         assert (inside.policy, inside.priority) == (os.SCHED_FIFO, PRIORITY), seen
@@ -92,7 +96,8 @@ def test_the_inference_threads_run_fifo_inside_and_their_own_after() -> None:
 
 def test_a_thread_started_inside_is_lowered_and_a_failed_step_lowers_too() -> None:
     """A pool growing during a raised step: its new thread inherited SCHED_FIFO and gets the
-    starting thread's own scheduling back. A step that raises still lowers."""
+    starting thread's own scheduling back, even under another name. A step that raises
+    still lowers."""
 
     def body(seen: dict, tids: dict) -> None:
         realtime = RealtimeFirstStep(50, SLICE_US)
@@ -100,6 +105,7 @@ def test_a_thread_started_inside_is_lowered_and_a_failed_step_lowers_too() -> No
         born: dict[str, int] = {}
 
         def newcomer() -> None:
+            host.name_this_thread("renamed")  # found as born during the step, not by name
             born["tid"] = threading.get_native_id()
             release.wait(30)
 
@@ -124,16 +130,21 @@ def test_a_thread_started_inside_is_lowered_and_a_failed_step_lowers_too() -> No
     assert seen["late"] == seen["self"] == seen["before"], seen
 
 
-def test_a_thread_already_real_time_is_left_as_the_operator_set_it() -> None:
+@pytest.mark.parametrize("policy, priority", [(os.SCHED_RR, 3), (os.SCHED_FIFO, PRIORITY)])
+def test_a_thread_already_real_time_is_left_as_the_operator_set_it(policy, priority) -> None:
+    """Even at the very policy and priority the step raises to: it was so before."""
+
     def body(seen: dict, tids: dict) -> None:
-        os.sched_setscheduler(tids["child"], os.SCHED_RR, os.sched_param(3))
+        os.sched_setscheduler(tids["child"], policy, os.sched_param(priority))
         with RealtimeFirstStep(50, SLICE_US).raised():
             seen["inside"] = _attr(tids["child"])
         seen["after"] = _attr(tids["child"])
+        seen["self"] = _attr(tids["self"])
 
     seen = _in_inference_threads(body)
-    assert (seen["inside"].policy, seen["inside"].priority) == (os.SCHED_RR, 3)
+    assert (seen["inside"].policy, seen["inside"].priority) == (policy, priority)
     assert seen["after"] == seen["inside"]
+    assert seen["self"].policy == os.SCHED_BATCH  # the one it raised is back
 
 
 def test_only_steps_expected_within_the_bound_fit() -> None:
@@ -176,7 +187,7 @@ _UNPRIVILEGED = textwrap.dedent(
         refused = RealtimeFirstStep(50, 0)
         refused.check()
         again = host.sched_attr(tid)
-        print("refused", refused.on, again.policy, again.nice)
+        print("refused", refused.on, again.policy, again.nice, refused.steps)
 
     thread = threading.Thread(target=main)
     thread.start()
@@ -192,7 +203,7 @@ def test_without_the_privilege_it_lowers_to_the_nice_it_had_and_refuses_in_one_w
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"inside {os.SCHED_FIFO} {PRIORITY} after {os.SCHED_OTHER} -10", done
-    assert lines[1] == f"refused False {os.SCHED_OTHER} -10", done
+    assert lines[1] == f"refused False {os.SCHED_OTHER} -10 0", done
     warnings = [x for x in done.stderr.splitlines() if x.startswith("WARNING")]
     assert len(warnings) == 1, done.stderr
     assert "Operation not permitted" in warnings[0] and "LimitRTPRIO=1" in warnings[0]
