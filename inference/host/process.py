@@ -91,7 +91,7 @@ _SCHED_SYSCALLS = {
 }
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
 FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH)  # the ones the kernel gives a slice to
-_SCHED_FLAG_RESET_ON_FORK = 1
+SCHED_FLAG_RESET_ON_FORK = 1
 
 
 class SchedAttr(NamedTuple):
@@ -141,7 +141,7 @@ def set_slice(microseconds: int) -> str | None:
     running one may take the CPU at once instead of at the next tick (docs/latency.md).
     Returns None when the kernel took it, else the one-line reason it did not."""
     policy = os.sched_getscheduler(0)
-    flags = _SCHED_FLAG_RESET_ON_FORK if policy & os.SCHED_RESET_ON_FORK else 0
+    flags = SCHED_FLAG_RESET_ON_FORK if policy & os.SCHED_RESET_ON_FORK else 0
     policy &= ~os.SCHED_RESET_ON_FORK
     if policy not in FAIR_POLICIES:
         return f"not set: the thread's scheduling policy ({policy}) has no slice"

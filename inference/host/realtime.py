@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from inference.host.process import (
     FAIR_POLICIES,
     INFERENCE_THREAD_NAME,
+    SCHED_FLAG_RESET_ON_FORK,
     SchedAttr,
     sched_attr,
     set_sched_attr,
@@ -80,25 +81,26 @@ class RealtimeFirstStep:
                 self.most_s * 1000,
             )
 
-    def threads(self) -> list[int]:
+    def threads(self, tids: list[str] | None = None) -> list[int]:
         """The process's inference threads (the thread named INFERENCE_THREAD_NAME and the
-        pools it started, which inherit its name), by thread id."""
-        tids = os.listdir(_TASKS)
-        for tid in tids:
-            if tid not in self._inference:
-                self._inference[tid] = _comm(tid) == INFERENCE_THREAD_NAME
-        if len(self._inference) > len(tids):  # some ended: forget them
-            self._inference = {tid: self._inference[tid] for tid in tids}
-        return [int(tid) for tid in tids if self._inference[tid]]
+        pools it started, which inherit its name), by thread id; `tids`: the process's
+        thread ids, if just listed. A name is read once per thread."""
+        tids = os.listdir(_TASKS) if tids is None else tids
+        known = self._inference
+        self._inference = {
+            tid: known[tid] if tid in known else _comm(tid) == INFERENCE_THREAD_NAME for tid in tids
+        }
+        return [int(tid) for tid, inference in self._inference.items() if inference]
 
     def _raise(self) -> tuple[dict[int, SchedAttr], set[str]]:
         """Each fair inference thread to SCHED_FIFO: what each was, to lower it again, and
         every thread id there was before (a thread not among them was born raised). A thread
         already real-time (or SCHED_IDLE) is the operator's choice: left as it is."""
-        present = set(os.listdir(_TASKS))
+        listed = os.listdir(_TASKS)
+        present = set(listed)
         saved: dict[int, SchedAttr] = {}
         try:
-            for tid in self.threads():
+            for tid in self.threads(listed):
                 was = sched_attr(tid)
                 if isinstance(was, str) or was.policy not in FAIR_POLICIES:
                     continue  # ended meanwhile, or not a fair thread
@@ -138,7 +140,7 @@ class RealtimeFirstStep:
             return  # back, or it ended meanwhile
         # Not expected. A thread left real-time is the worst outcome: plain SCHED_OTHER
         # (nice and slice lost) rather than that, and the setting off.
-        flags = os.SCHED_RESET_ON_FORK if was.flags & 1 else 0  # SCHED_FLAG_RESET_ON_FORK
+        flags = os.SCHED_RESET_ON_FORK if was.flags & SCHED_FLAG_RESET_ON_FORK else 0
         with contextlib.suppress(OSError):
             os.sched_setscheduler(tid, os.SCHED_OTHER | flags, os.sched_param(0))
         self.on = False
