@@ -227,12 +227,42 @@ def test_table_has_every_cell_and_the_settings(tmp_path: Path) -> None:
     text = latency.format_report(latency.merge([a, b]))
     rows = [line for line in text.splitlines() if line.startswith("| tuned: default |")]
     compact = [row for row in rows if "·" in row]
-    assert len(rows) == 3 and len(compact) == 1  # one compact row, one full row per condition
+    # one compact row, one full row per condition, the noise cell against the quiet one
+    assert len(rows) == 4 and len(compact) == 1
+    assert sum("x / " in row for row in rows) == 1
     assert compact[0].count("·") == 2  # quiet and cpu side by side
     assert text.count("| untuned: default | cpu | 2 | 0 |") == 1
     assert text.count("| 1.5, 12.5 |") == 4  # each cell's tokens a step, ms a token
     assert "- tuned: default: server defaults" in text
     assert text.count('"loadavg_1m_start": 0.5') == 2  # both runs' meta
+
+
+def test_noise_cells_are_read_against_their_settings_quiet_cell() -> None:
+    """The ratios the targets are held to (docs/latency.md), worked out from the cells."""
+    quiet = {
+        "ttft_ms": stats.summary([10.0] * 90 + [13.0] * 10),
+        "gap_ms": stats.summary([5.0] * 90 + [7.0] * 10),
+        "floor": {"sample_ms": stats.summary([4.0] * 90 + [5.2] * 10)},
+    }
+    noisy = {
+        "ttft_ms": stats.summary([11.0] * 98 + [18.0, 30.0]),
+        "gap_ms": stats.summary([6.0] * 98 + [10.0, 40.0]),
+    }
+    cells = {"dedicated": {"quiet": quiet, "cpu": noisy}}
+    lines = latency.versus_quiet_lines(cells)
+    row = lines[-1]
+    ttft_p99, gap_p99 = noisy["ttft_ms"]["p99"], noisy["gap_ms"]["p99"]
+    assert row.startswith("| dedicated | cpu | 1.20x / ")
+    assert f"/ {gap_p99 / 5.0:.2f}x |" in row
+    assert f"| {ttft_p99 / 10.0:.2f}x / {ttft_p99 / quiet['ttft_ms']['p99']:.2f}x |" in row
+    assert "| 1.4 (the floor's 1.3) |" in row
+    assert row.endswith("| 40, 30 |")
+    assert len([line for line in lines if line.startswith("| dedicated")]) == 1  # no quiet row
+    assert latency.versus_quiet_lines({"default": {"cpu": noisy}}) == []  # nothing to read against
+    report = {"settings": {"dedicated": "x"}, "cells": cells}
+    for cell in cells["dedicated"].values():
+        cell.update(errors=0, loadavg_1m=[0.1, 0.2])
+    assert row in latency.format_report(report)
 
 
 def test_cpu_noise_is_one_process_per_cpu_and_stops_by_pid() -> None:
