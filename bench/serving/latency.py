@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import platform
@@ -293,6 +294,27 @@ def run(args, log=print) -> dict:
     return report
 
 
+def kernel_configs() -> tuple[Path, ...]:
+    return (Path("/proc/config.gz"), Path(f"/boot/config-{platform.release()}"))
+
+
+def kernel_hz(configs: tuple[Path, ...] | None = None) -> int | None:
+    """The kernel's tick rate (CONFIG_HZ) from its build configuration, None where no
+    readable copy says. The runs depend on it: beside busy programs a wake-up can wait for
+    what another group is owed, which the kernel bounds by one tick (docs/latency.md), 4 ms
+    at 250 Hz and 1 ms at 1000 Hz."""
+    for path in configs or kernel_configs():
+        try:
+            raw = path.read_bytes()
+            text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode(errors="replace")
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+        for line in text.splitlines():
+            if line.startswith("CONFIG_HZ="):
+                return int(line.split("=", 1)[1])
+    return None
+
+
 def meta(args) -> dict:
     return {
         "model": args.url or args.model,
@@ -301,6 +323,7 @@ def meta(args) -> dict:
         "ask": args.ask,
         "cpus": len(os.sched_getaffinity(0)),
         "kernel": platform.release(),
+        "kernel_hz": kernel_hz(),
         "memory_cap_mb": args.memory_mb,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -263,6 +264,19 @@ def test_noise_cells_are_read_against_their_settings_quiet_cell() -> None:
     for cell in cells["dedicated"].values():
         cell.update(errors=0, loadavg_1m=[0.1, 0.2])
     assert row in latency.format_report(report)
+
+
+def test_the_kernels_tick_rate_is_read_from_its_configuration(tmp_path: Path) -> None:
+    config = "# CONFIG_HZ_1000 is not set\nCONFIG_HZ_250=y\nCONFIG_HZ=250\nCONFIG_X=1\n"
+    packed, plain = tmp_path / "config.gz", tmp_path / "config-6.1"
+    packed.write_bytes(gzip.compress(config.encode()))
+    plain.write_text(config.replace("250", "1000"))
+    missing, broken = tmp_path / "none.gz", tmp_path / "broken.gz"
+    broken.write_bytes(b"not gzip")
+    assert latency.kernel_hz((missing, broken, packed, plain)) == 250  # the first that says
+    assert latency.kernel_hz((missing, plain)) == 1000
+    assert latency.kernel_hz((missing, broken)) is None
+    assert latency.kernel_configs()[0] == Path("/proc/config.gz")
 
 
 def test_cpu_noise_is_one_process_per_cpu_and_stops_by_pid() -> None:
