@@ -260,10 +260,13 @@ def test_noise_cells_are_read_against_their_settings_quiet_cell() -> None:
     assert row.endswith("| 40, 30 |")
     assert len([line for line in lines if line.startswith("| dedicated")]) == 1  # no quiet row
     assert latency.versus_quiet_lines({"default": {"cpu": noisy}}) == []  # nothing to read against
+    bunched = {**quiet, "gap_ms": stats.summary([0.0, 0.0]), "floor": {"error": "ended"}}
+    row = latency.versus_quiet_lines({"url": {"quiet": bunched, "cpu": noisy}})[-1]
+    assert row.startswith("| url | cpu | - / - | ") and "the floor's" not in row
     report = {"settings": {"dedicated": "x"}, "cells": cells}
     for cell in cells["dedicated"].values():
         cell.update(errors=0, loadavg_1m=[0.1, 0.2])
-    assert row in latency.format_report(report)
+    assert lines[-1] in latency.format_report(report)
 
 
 def test_the_kernels_tick_rate_is_read_from_its_configuration(tmp_path: Path) -> None:
@@ -271,12 +274,18 @@ def test_the_kernels_tick_rate_is_read_from_its_configuration(tmp_path: Path) ->
     packed, plain = tmp_path / "config.gz", tmp_path / "config-6.1"
     packed.write_bytes(gzip.compress(config.encode()))
     plain.write_text(config.replace("250", "1000"))
-    missing, broken = tmp_path / "none.gz", tmp_path / "broken.gz"
+    missing, broken, torn = tmp_path / "none.gz", tmp_path / "broken.gz", tmp_path / "torn.gz"
     broken.write_bytes(b"not gzip")
-    assert latency.kernel_hz((missing, broken, packed, plain)) == 250  # the first that says
+    body = bytearray(packed.read_bytes())
+    body[10] ^= 0xFF  # a valid header, its deflate data damaged (zlib.error)
+    torn.write_bytes(bytes(body))
+    silent, odd = tmp_path / "config-silent", tmp_path / "config-odd"
+    silent.write_text("CONFIG_X=1\n")
+    odd.write_text("CONFIG_HZ=fast\n")
+    assert latency.kernel_hz((missing, broken, torn, silent, odd, packed, plain)) == 250
     assert latency.kernel_hz((missing, plain)) == 1000
-    assert latency.kernel_hz((missing, broken)) is None
-    assert latency.kernel_configs()[0] == Path("/proc/config.gz")
+    assert latency.kernel_hz((missing, broken, torn, silent, odd)) is None
+    assert latency.kernel_hz(()) is None  # no copy named: none read
 
 
 def test_cpu_noise_is_one_process_per_cpu_and_stops_by_pid() -> None:
