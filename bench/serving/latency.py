@@ -295,16 +295,16 @@ def run(args, log=print) -> dict:
     return report
 
 
-def kernel_configs() -> tuple[Path, ...]:
-    return (Path("/proc/config.gz"), Path(f"/boot/config-{platform.release()}"))
+# Where a kernel's build configuration may be read: its own copy, else the distribution's.
+KERNEL_CONFIGS = (Path("/proc/config.gz"), Path(f"/boot/config-{platform.release()}"))
 
 
-def kernel_hz(configs: tuple[Path, ...] | None = None) -> int | None:
+def kernel_hz(configs: tuple[Path, ...] = KERNEL_CONFIGS) -> int | None:
     """The kernel's tick rate (CONFIG_HZ) from its build configuration, None where no
     readable copy says. The runs depend on it: the kernel bounds what a group may be owed,
     one of the things a wake-up beside busy programs waits for, by max(two slices, a tick)
     (docs/latency.md): a tick at the dedicated profile's 100 us slice."""
-    for path in kernel_configs() if configs is None else configs:
+    for path in configs:
         try:
             raw = path.read_bytes()
             text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode(errors="replace")
