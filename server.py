@@ -40,6 +40,7 @@ from inference.runtime.jobs import Sampling
 from inference.runtime.worker import Worker
 from service.config import Config, ConfigError, load_config
 from service.cpu_list import parse_cpu_list
+from service.log_text import OneLineFormatter
 from web.access.auth import load_keys, reload_keys
 from web.access.keys import KeyFileError
 from web.app import Runtime, create_app
@@ -307,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_progress_bars(sys.stderr)
     try:
         config = load_config(argv)
-        logging.basicConfig(
-            level=config.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        handler = logging.StreamHandler()
+        handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
         # First the CPU split and the slice: every thread started from here on (the HTTP
         # threads, the inference thread, the native step's pool) inherits them.
         config, pinning = _pinning(config)

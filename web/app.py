@@ -24,6 +24,7 @@ from service.errors import (
     ServiceError,
     fault_summary,
 )
+from service.log_text import printable
 from web import metrics, page
 from web.access.auth import Gate
 from web.access.proxy import client_address, parse_networks, request_id_from
@@ -61,7 +62,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
         g.request_id = request_id_from(request.headers) or new_request_id()
         forwarded_for = request.headers.get("X-Forwarded-For")
         g.client = client_address(request.remote_addr, forwarded_for, trusted_proxies)
-        g.log = RequestLog(g.request_id, request.path[:MAX_PATH_IN_ERROR], g.client)
+        g.log = RequestLog(g.request_id, printable(request.path, MAX_PATH_IN_ERROR), g.client)
         g.disconnected = request.environ.get("waitress.client_disconnected", lambda: False)
         g.log.key_name = gate.admit(request.method, request.path, request.headers, g.client)
 

@@ -56,9 +56,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     if not runtime.ready:
         raise Loading()
     runtime.worker.check_room()
-    bias = _logit_bias(chat_request.logit_bias, runtime)
-    grammar = _grammar(chat_request, runtime)
-    prompt_ids = prompt_of(chat_request, runtime)
+    prompt_ids, grammar, bias = prepare(chat_request, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
     prefixes = runtime.prefixes
     cached = prefixes.cached_tokens(prompt_ids) if prefixes is not None else 0
@@ -88,6 +86,15 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     )
     job = Job(prompt_ids, sampling, timeout_s=config.request_timeout, id=request_id)
     return runtime.worker.submit(job)
+
+
+def prepare(chat_request: ChatRequest, runtime: Runtime) -> tuple[list[int], Grammar | None, tuple]:
+    """What a request is answered from, each part checked: its prompt's token ids, its
+    constraint compiled, its logit bias against the vocabulary. A chat route and its
+    /tokenize both run this, so the one refuses exactly what the other refuses."""
+    bias = _logit_bias(chat_request.logit_bias, runtime)
+    grammar = _grammar(chat_request, runtime)
+    return prompt_of(chat_request, runtime), grammar, bias
 
 
 def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:

@@ -26,9 +26,11 @@ from typing import Protocol
 
 from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
 from service.errors import Internal, ServiceError, Timeout, fault_summary
+from service.log_text import printable
 
 log = logging.getLogger("deskchat.worker")
 
+MAX_PARAM_IN_LOG = 120  # characters of a request field's path in a log line
 FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
 JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
 # Prefill (the prompt's forward pass, up to the first token) in seconds per prompt token,
@@ -231,7 +233,8 @@ def own_failure(job: Job, error: Exception, where: str) -> ServiceError:
     schema that dead-ends: invalid_request), anything else as Internal with the request id,
     logged by kind and code place only."""
     if isinstance(error, ServiceError):
-        log.info("request %s ended in %s: %s (%s)", job.id, where, error.type, error.param or "-")
+        param = printable(error.param or "-", MAX_PARAM_IN_LOG)  # a request's field path
+        log.info("request %s ended in %s: %s (%s)", job.id, where, error.type, param)
         return error
     log.error("request %s failed in %s: %s", job.id, where, fault_summary(error))
     return Internal(f"generation failed (request {job.id}); see the server log")

@@ -21,7 +21,8 @@ from inference.runtime.jobs import Done
 from inference.runtime.tools import CallPiece, Function, ToolUse
 from service.config import Config
 from service.errors import InvalidRequest, ServiceError
-from web import relay
+from web import checked_json, relay
+from web.checked_json import shown
 from web.dialects import tools, validation
 from web.dialects.validation import ChatRequest
 from web.errors import status_of
@@ -65,7 +66,7 @@ def _message(m, where: str) -> dict:
     )
     if keys is None and isinstance(m, dict) and "role" in m:
         raise InvalidRequest(
-            f"{where}.role {m['role']!r} is not one of {tuple(MESSAGE_KEYS)}", param="messages"
+            f"{where}.role {shown(m['role'])} is not one of {tuple(MESSAGE_KEYS)}", param="messages"
         )
     calls = m.get("tool_calls") if keys else None
     if keys is None or set(m) - {"role", "content"} - keys or ("content" not in m and not calls):
@@ -211,7 +212,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
 
     @bp.post("/chat", provide_automatic_options=False)
     def chat():
-        chat_request = parse_chat_request(validation.parse_json(request.get_data(cache=False)))
+        chat_request = parse_chat_request(checked_json.parse_body(request.get_data(cache=False)))
         job, relayed = relay.start(chat_request, config, runtime, g.request_id, g.disconnected)
         if chat_request.stream:
             shape = ChatStream(job.id, runtime.model_name, chat_request.logprobs)

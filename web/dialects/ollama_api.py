@@ -20,7 +20,8 @@ from inference.runtime.jobs import Done
 from inference.runtime.tools import CallPiece
 from service.config import Config
 from service.errors import Loading, ServiceError
-from web import relay
+from web import checked_json, relay
+from web.checked_json import shown
 from web.dialects import validation
 from web.dialects.ollama_request import parse_chat_request, parse_generate_request
 from web.dialects.validation import ChatRequest
@@ -166,9 +167,9 @@ def _parameters(runtime: Runtime) -> str:
 def _served(runtime: Runtime, name) -> None:
     """404 unless `name` is the served model (with or without Ollama's default tag)."""
     if name not in (runtime.model_name, f"{runtime.model_name}{TAG}"):
-        shown = name[:100] if isinstance(name, str) else name
         raise NotFound(
-            f"model {shown!r} not found; this server serves {runtime.model_name!r}", param="model"
+            f"model {shown(name)} not found; this server serves {runtime.model_name!r}",
+            param="model",
         )
 
 
@@ -206,12 +207,12 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
 
     @bp.post("/chat", provide_automatic_options=False)
     def chat():
-        body = validation.parse_json(request.get_data(cache=False))
+        body = checked_json.parse_body(request.get_data(cache=False))
         return answer(parse_chat_request(body), chat=True)
 
     @bp.post("/generate", provide_automatic_options=False)
     def generate():
-        body = validation.parse_json(request.get_data(cache=False))
+        body = checked_json.parse_body(request.get_data(cache=False))
         return answer(parse_generate_request(body), chat=False)
 
     @bp.get("/tags", provide_automatic_options=False)
@@ -233,7 +234,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
     @bp.post("/show", provide_automatic_options=False)
     def show():
         body = validation.known_fields(
-            validation.parse_json(request.get_data(cache=False)), {"model", "name", "verbose"}
+            checked_json.parse_body(request.get_data(cache=False)), {"model", "name", "verbose"}
         )
         ready()
         _served(runtime, body.get("model", body.get("name")))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
+from web.checked_json import shown
 from web.dialects import tools, validation
 from web.dialects.validation import ChatRequest
 
@@ -169,11 +170,11 @@ def _message(m, where: str, turn: int) -> dict:
     role = m["role"]
     if role not in ROLES:
         raise InvalidRequest(
-            f"{where}.role {role!r} is not one of {', '.join(ROLES)}", param="messages"
+            f"{where}.role {shown(role)} is not one of {', '.join(ROLES)}", param="messages"
         )
     unknown = sorted(set(m) - MESSAGE_KEYS - ROLE_KEYS.get(role, set()))
     if unknown:
-        raise InvalidRequest(f"{where} has an unknown key {unknown[0]!r}", param="messages")
+        raise InvalidRequest(f"{where} has an unknown key {shown(unknown[0])}", param="messages")
     _no_images(m.get("images"), f"{where}.images")
     validation.check_no_op(f"{where}.thinking", m.get("thinking"), (None, ""))
     content, calls = m.get("content"), m.get("tool_calls")

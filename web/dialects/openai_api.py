@@ -14,8 +14,8 @@ from inference.runtime.jobs import Done, Event
 from inference.runtime.tools import CallArguments, CallPiece, CallStart
 from service.config import Config
 from service.errors import Loading, ServiceError
-from web import relay
-from web.dialects import validation
+from web import checked_json, relay
+from web.checked_json import shown
 from web.dialects.openai_request import parse_completion_request
 from web.errors import NotFound, status_of
 from web.relay import Call, sse_frame
@@ -133,7 +133,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
 
     @bp.post("/chat/completions", provide_automatic_options=False)
     def completions():
-        body = validation.parse_json(request.get_data(cache=False))
+        body = checked_json.parse_body(request.get_data(cache=False))
         chat_request, include_usage = parse_completion_request(body)
         created = int(time.time())
         job, relayed = relay.start(chat_request, config, runtime, g.request_id, g.disconnected)
@@ -176,7 +176,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         if not runtime.ready:
             raise Loading()
         if model_id != runtime.model_name:
-            raise NotFound(f"no model {model_id[:100]!r} here", param="model")
+            raise NotFound(f"no model {shown(model_id)} here", param="model")
         return jsonify(_model_card(runtime))
 
     return bp

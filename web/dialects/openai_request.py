@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from inference.runtime.tools import ToolUse
 from service.errors import InvalidRequest
+from web.checked_json import shown
 from web.dialects import tools, validation
 from web.dialects.validation import ChatRequest
 
@@ -100,12 +101,12 @@ def _message(m, where: str) -> dict:
     role = ROLES.get(m["role"]) if isinstance(m["role"], str) else None
     if role is None:
         raise InvalidRequest(
-            f"{where}.role {m['role']!r} is not one of {', '.join(ROLES)}", param="messages"
+            f"{where}.role {shown(m['role'])} is not one of {', '.join(ROLES)}", param="messages"
         )
     own = {"tool_calls"} if calls else {"tool_call_id"} if role == "tool" else set()
     for key in set(m) - {"role", "content"} - own - CLIENT_ECHOES:
         if key not in MESSAGE_NO_OPS:
-            raise InvalidRequest(f"{where} has an unknown key {key!r}", param="messages")
+            raise InvalidRequest(f"{where} has an unknown key {shown(key)}", param="messages")
         validation.check_no_op(f"{where}.{key}", m[key], MESSAGE_NO_OPS[key])
     content = m.get("content")
     if calls:
@@ -224,7 +225,7 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     for key, amount in value.items():
         if not (key.isascii() and key.isdigit() and len(key) <= 10):
             raise InvalidRequest(
-                f'\'logit_bias\' keys are token ids ("0", "15043", ...), got {key[:20]!r}',
+                f'\'logit_bias\' keys are token ids ("0", "15043", ...), got {shown(key)}',
                 param="logit_bias",
             )
         token = int(key)

@@ -14,7 +14,7 @@ from flask import Blueprint, jsonify, request
 
 from service.config import Config
 from service.errors import InvalidRequest, Loading
-from web import relay
+from web import checked_json, relay
 from web.dialects import validation
 from web.dialects.chat_api import parse_chat_request
 from web.dialects.openai_request import parse_completion_request
@@ -28,7 +28,7 @@ def _prompt_ids(body: dict, parse, runtime: Runtime) -> list[int]:
         body = validation.known_fields(body, {"prompt"})
         text = validation.text(body["prompt"], "'prompt'", "prompt")
         return runtime.prompts.encode_text(text)
-    return relay.prompt_of(parse(body), runtime)
+    return relay.prepare(parse(body), runtime)[0]  # refused as its chat route refuses
 
 
 def _token_ids(body, vocabulary: int) -> list[int]:
@@ -53,7 +53,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
     def ready():
         if not runtime.ready:
             raise Loading()
-        return validation.parse_json(request.get_data(cache=False))
+        return checked_json.parse_body(request.get_data(cache=False))
 
     def tokenize(parse):
         ids = _prompt_ids(ready(), parse, runtime)

@@ -6,12 +6,13 @@ itself is inference/runtime/tools.py.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Set
 
 from inference.runtime.tools import Function, ToolUse
 from service.errors import InvalidRequest
+from web import checked_json
+from web.checked_json import shown
 from web.dialects import validation
 
 MAX_TOOLS = 32
@@ -68,7 +69,9 @@ def typed_function(entry, i: int) -> Function:
         )
     unknown = sorted(set(inner) - {"name", "description", "parameters", "strict"})
     if unknown:
-        raise InvalidRequest(f"{where}.function has an unknown key {unknown[0]!r}", param=where)
+        raise InvalidRequest(
+            f"{where}.function has an unknown key {shown(unknown[0])}", param=where
+        )
     return function(inner, f"{where}.function")
 
 
@@ -81,7 +84,7 @@ def function_list(raw, read_one) -> tuple[Function, ...]:
     names = [f.name for f in functions]
     for i, n in enumerate(names):
         if n in names[:i]:
-            raise InvalidRequest(f"tools[{i}] repeats the name {n!r}", param="tools")
+            raise InvalidRequest(f"tools[{i}] repeats the name {shown(n)}", param="tools")
     return functions
 
 
@@ -92,7 +95,8 @@ def tool_use(
     the tools are not shown to the model and no call is read from its answer)."""
     if choice is not None and choice not in CHOICES and choice not in {f.name for f in functions}:
         raise InvalidRequest(
-            f"'{choice_param}' names {choice!r}, which is not one of the tools", param=choice_param
+            f"'{choice_param}' names {shown(choice)}, which is not one of the tools",
+            param=choice_param,
         )
     if parallel is not None and not isinstance(parallel, bool):
         raise InvalidRequest(
@@ -100,7 +104,9 @@ def tool_use(
         )
     if not functions:
         if choice not in (None, "none", "auto"):
-            raise InvalidRequest(f"'{choice_param}' {choice!r} needs 'tools'", param=choice_param)
+            raise InvalidRequest(
+                f"'{choice_param}' {shown(choice)} needs 'tools'", param=choice_param
+            )
         return None
     if choice == "none":
         return None
@@ -157,10 +163,7 @@ def call_id(value, where: str) -> str:
 def arguments(value, where: str) -> dict:
     """A call's arguments: a JSON object, or (OpenAI) a string holding one."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
-            value = None
+        value = checked_json.parse(value, where)  # checked as the body was
     if not isinstance(value, dict):
         raise InvalidRequest(f"{where} must hold a JSON object", param="messages")
     return value
@@ -181,7 +184,7 @@ def check_history(messages: list[dict]) -> None:
         if m["role"] == "tool":
             if m["tool_call_id"] not in open_ids:
                 raise InvalidRequest(
-                    f"messages[{i}] is a tool result for {m['tool_call_id']!r}, which is not "
+                    f"messages[{i}] is a tool result for {shown(m['tool_call_id'])}, which is not "
                     "a call of the assistant message before it",
                     param="messages",
                 )

@@ -7,9 +7,7 @@ field may hold, and into which ChatRequest it turns, is decided here once.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -87,21 +85,13 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _valid_unicode(value: str, what: str, param: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate such as "\ud800"
-        raise InvalidRequest(f"{what} is not valid Unicode text", param=param) from None
-    return value
-
-
 def text(value, what: str, param: str) -> str:
-    """A non-empty string of valid Unicode."""
+    """A non-empty string (valid Unicode: web/checked_json.py checked every string)."""
     if not isinstance(value, str):
         raise InvalidRequest(f"{what} must be a string", param=param)
     if not value.strip():
         raise InvalidRequest(f"{what} is empty", param=param)
-    return _valid_unicode(value, what, param)
+    return value
 
 
 def check_turns(messages: list[dict]) -> list[dict]:
@@ -228,7 +218,6 @@ def stop(body: dict, name: str = "stop") -> tuple[str, ...]:
                 f"each '{name}' entry must be a string of 1..{MAX_STOP_CHARS} characters",
                 param=name,
             )
-        _valid_unicode(s, f"'{name}'", name)
     return tuple(value)
 
 
@@ -270,58 +259,3 @@ def known_fields(body, allowed: set[str]) -> dict:
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
     return body
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-# A JSON escape of a UTF-16 surrogate: the only way a parsed string can hold one
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def parse_json(data: bytes):
-    """The body as JSON, or InvalidRequest saying why not (NaN, absurd nesting included).
-    Every string in it, keys included, at any depth, is valid Unicode text: a lone
-    surrogate ("\\ud800", valid JSON) is refused here, naming where it is, so that no
-    later stage (tokenizer, grammar, log) meets one."""
-    try:
-        body = json.loads(data, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise InvalidRequest(f"the body is not valid JSON: {reason}"[:300]) from None
-    if _SURROGATE_ESCAPE.search(data):
-        _refuse_lone_surrogates(body)
-    return body
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _refuse_lone_surrogates(body) -> None:
-    """InvalidRequest naming the first string (in document order) that is not valid
-    Unicode: its path (`tools[1].function.parameters.properties`), or for a key, the path
-    of the object that holds it. Iterative: a body may nest as deep as json allows."""
-    stack = [("", body)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str) and not _encodes(value):
-            where = f"'{path}'" if path else "the body"
-            raise InvalidRequest(f"{where} is not valid Unicode text", param=path or None)
-        if isinstance(value, dict):
-            for key in value:
-                if not _encodes(key):
-                    where = f"'{path}'" if path else "the body"
-                    raise InvalidRequest(
-                        f"{where} holds a name that is not valid Unicode text",
-                        param=path or None,
-                    )
-            items = [(f"{path}.{key}" if path else key, item) for key, item in value.items()]
-            stack.extend(reversed(items))
-        elif isinstance(value, list):
-            stack.extend(reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)]))

@@ -266,9 +266,9 @@ BAD = {
         "messages",
     ),
     "a tool result for no call": ({"messages": with_history(tool__tool_call_id="c")}, "messages"),
-    "arguments that are not JSON": (
+    "arguments that are not JSON": (  # parsed as the body is: named to the field
         {"messages": with_history(call__arguments="{city: Paris}")},
-        "messages",
+        "messages[1].tool_calls[0].function.arguments",
     ),
     "a call without its name": ({"messages": with_history(call__name=None)}, "messages"),
     "a tool result alone": (
