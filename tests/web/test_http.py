@@ -96,6 +96,23 @@ def test_404_does_not_echo_a_huge_path(fake_server):
     assert len(reply.body) < 500
 
 
+FORGING = "%0a2026-01-01%2000:00:00,000%20ERROR%20deskchat.http:%20FORGED"
+
+
+@pytest.mark.parametrize("control", ["%0a", "%0d", "%1b[2J", "%e2%80%a8"])
+def test_a_path_cannot_write_a_log_line_of_its_own(fake_server, caplog, control):
+    """Issue 62: the logged route is the decoded path, with control characters escaped."""
+    server = fake_server()
+    caplog.set_level("INFO", logger="deskchat.http")
+    path = f"/api/chat{control}{FORGING}"
+    reply = request(server.url, "POST", path, {"messages": [{"role": "user", "content": "x"}]})
+    assert reply.status == 404 and "no such endpoint" in reply.json()["error"]
+    [line] = [r.getMessage() for r in caplog.records if "route=/api/chat" in r.getMessage()]
+    assert not any(c in line for c in "\n\r\x1b\u2028"), line
+    assert "\\x" in line or "\\u2028" in line
+    assert " ERROR deskchat.http: FORGED" in line  # kept, inside the one line, readable
+
+
 def raw_exchange(url: str, data: bytes) -> tuple[bytes, bytes]:
     """Send raw bytes, read until the server closes; (head, body)."""
     host, port = url.removeprefix("http://").split(":")

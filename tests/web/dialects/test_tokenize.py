@@ -101,3 +101,50 @@ def test_the_keys_guard_them(fake_server):
     key = {"Authorization": f"Bearer {KEY}"}
     reply = request(server.url, "POST", "/tokenize", {"prompt": "hi"}, headers=key)
     assert reply.status == 200 and reply.json()["tokens"] == [ord("h"), ord("i")]
+
+
+def refusal_cases() -> list[tuple[str, object]]:
+    """(chat route, body) pairs: the bodies the chat routes' own tests refuse, and bodies
+    only the tokenizer, the grammar or the vocabulary can refuse."""
+    from tests.test_fuzz import HOSTILE_SCHEMAS, nested
+    from tests.web.dialects.test_tools_http import ASK as V1_ASK
+    from tests.web.dialects.test_tools_http import BAD as V1_TOOL_BODIES
+    from tests.web.test_http import BAD_BODIES
+    from tests.web.test_unicode_bodies import PLACES, ROUTES, place
+
+    cases: list[tuple[str, object]] = [("/chat", p.values[0]) for p in BAD_BODIES]
+    cases += [(route, place(route, where)[0]) for route in ROUTES for where in PLACES]
+    cases += [
+        ("/v1/chat/completions", {"messages": V1_ASK, **b}) for b, _ in V1_TOOL_BODIES.values()
+    ]
+    for schema in [*HOSTILE_SCHEMAS, nested(40), {"type": "object", "properties": {"a": 1}}]:
+        cases.append(("/chat", {"messages": ASK, "format": schema}))
+        wrapped = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        cases.append(("/v1/chat/completions", {"messages": ASK, "response_format": wrapped}))
+    cases += [
+        ("/v1/chat/completions", {"messages": ASK, "logit_bias": {"999999": 1}}),
+        ("/chat", {"messages": ASK, "logit_bias": {"49152": -100}}),
+        ("/chat", {"messages": ASK, "tools": [{**schemas.WEATHER, "parameters": nested(40)}]}),
+    ]
+    return cases
+
+
+TOKENIZE = {"/chat": "/tokenize", "/v1/chat/completions": "/v1/tokenize"}
+# A schema that compiles and dead-ends only later in an answer is the answer's error, not a
+# refusal of the body: /tokenize, which writes no answer, cannot meet it.
+IN_THE_ANSWER = "allows no further output after"
+
+
+def test_the_tokenize_routes_refuse_every_body_their_chat_route_refuses(embedded_server):
+    refused = 0
+    for route, body in refusal_cases():
+        if isinstance(body, dict) and "max_tokens" not in body:
+            body = {**body, "max_tokens": 1}
+        chat_reply = request(embedded_server.url, "POST", route, body)
+        if chat_reply.status != 400 or IN_THE_ANSWER in chat_reply.body.decode():
+            continue
+        refused += 1
+        reply = request(embedded_server.url, "POST", TOKENIZE[route], body)
+        assert reply.status == 400, (route, body, reply.body)
+        assert reply.json()["error"] == chat_reply.json()["error"], (route, body)
+    assert refused >= 100
