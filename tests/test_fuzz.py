@@ -19,6 +19,7 @@ from inference.runtime.sampler import pick
 from service.errors import InvalidRequest
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import request
+from web import checked_json
 from web.dialects.chat_api import parse_chat_request
 from web.dialects.openai_request import parse_completion_request
 
@@ -314,3 +315,224 @@ def test_hostile_tools_and_sampling_fields_get_no_500(embedded_server):
     assert 200 in statuses and 400 in statuses, statuses
     log = embedded_server.log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+# Issue 62: every route's door. Each body is a valid one of its route with one bad value put
+# at a random place: text that is not Unicode (an escaped lone surrogate, raw surrogate
+# bytes, bytes that are not UTF-8), in a value or a key, or inside JSON the server parses
+# from a string (a call's arguments); nesting around the server's limit and the parser's
+# own; a body in UTF-16 or UTF-32. Each must be a 400 naming the value's field; odd but
+# valid text (control characters) must be anything but a 500.
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+    },
+}
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+ASKED = {"role": "user", "content": "Weather in Paris?"}
+V1_HISTORY = [
+    ASKED,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+CHAT_HISTORY = [
+    ASKED,
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+OLLAMA_HISTORY = [
+    ASKED,
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    },
+    {"role": "tool", "content": "sunny"},
+]
+CHAT_BODIES = [
+    {"message": "hi", "system": "Be brief.", "max_tokens": 2, "stop": ["\n\n"], "seed": 1},
+    {"messages": CHAT_HISTORY, "tools": [WEATHER_TOOL], "max_tokens": 2, "temperature": 0.5},
+    {"messages": [ASKED], "format": SCHEMA, "max_tokens": 2, "stream": True},
+]
+V1_BODIES = [
+    {"model": "m", "messages": [ASKED], "max_tokens": 2, "logit_bias": {"15": 1}, "user": "u"},
+    {
+        "model": "m",
+        "messages": V1_HISTORY,
+        "tools": [{"type": "function", "function": WEATHER_TOOL}],
+        "tool_choice": "auto",
+        "max_tokens": 2,
+    },
+    {
+        "messages": [ASKED],
+        "max_tokens": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
+]
+OLLAMA_OPTIONS = {"num_predict": 2, "temperature": 0, "stop": ["\n\n"]}
+ROUTE_BODIES = {
+    "/chat": CHAT_BODIES,
+    "/tokenize": [*CHAT_BODIES, {"prompt": "plain text"}],
+    "/v1/chat/completions": V1_BODIES,
+    "/v1/tokenize": V1_BODIES,
+    "/detokenize": [{"tokens": [1, 2, 3]}],
+    "/v1/detokenize": [{"tokens": [1, 2, 3]}],
+    "/api/chat": [
+        {"model": "m", "messages": [ASKED], "stream": False, "options": OLLAMA_OPTIONS},
+        {
+            "model": "m",
+            "messages": OLLAMA_HISTORY,
+            "tools": [{"type": "function", "function": WEATHER_TOOL}],
+            "format": SCHEMA,
+            "keep_alive": "5m",
+            "options": OLLAMA_OPTIONS,
+        },
+    ],
+    "/api/generate": [
+        {"model": "m", "prompt": "hi", "system": "Be brief.", "options": OLLAMA_OPTIONS},
+        {"model": "m", "prompt": "hi", "format": "json", "stream": False, "options": {"seed": 3}},
+    ],
+    "/api/show": [{"model": "m"}, {"name": "m", "verbose": True}],
+}
+RAW = "@@raw-bytes@@"  # replaced in the encoded body by bytes that are not UTF-8
+DEEP = "@@deep@@"  # replaced by nesting around the json module's own limit
+RAW_BYTES = [b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xff", b"\xc0\x80", b"\xe2\x82"]
+
+
+def places(value, path: str = "") -> list[tuple[str, object, object]]:
+    """Every (path, holder, key) of `value`, in the server's path notation."""
+    found = []
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        if not isinstance(value, dict):
+            at = f"{path}[{key}]"
+        elif re.fullmatch(r"[A-Za-z_$][\w$-]*", key):
+            at = f"{path}.{key}" if path else key
+        else:  # a key such as logit_bias' "15", quoted
+            at = f'{path}["{key}"]'
+
+        found.append((at, value, key))
+        if isinstance(item, dict | list):
+            found += places(item, at)
+    return found
+
+
+def deep(depth: int, leaf=1):
+    """`depth` levels of objects and lists, alternating, around `leaf`."""
+    for level in range(depth):
+        leaf = {"k": leaf} if level % 2 else [leaf]
+    return leaf
+
+
+def door_body(rng: random.Random, route: str) -> tuple[bytes, str | None, str]:
+    """(the body, the path its error must name or None for any non-500, the kind of bad)."""
+    body = json.loads(json.dumps(rng.choice(ROUTE_BODIES[route])))
+    path, holder, key = rng.choice(places(body))
+    kind = rng.choice(["escaped", "raw", "key", "deep", "parser", "held", "encoding", "odd"])
+    expected: str | None = path
+    if kind == "escaped":
+        holder[key] = rng.choice(["\ud800", "Par\udfffis", "\udc00x"])
+    elif kind == "raw":
+        holder[key] = f"a{RAW}b"
+    elif kind == "key":
+        holder[key] = {"ok": 1, rng.choice(["\ud800", RAW]): 2}
+    elif kind == "deep":  # around the server's own limit, counted from here
+        depth = rng.randrange(checked_json.MAX_DEPTH - 8, checked_json.MAX_DEPTH + 8)
+        total = path.count(".") + path.count("[") + 1 + depth  # the body's braces count
+        holder[key] = deep(depth)
+        expected = path if total > checked_json.MAX_DEPTH else None
+    elif kind == "parser":  # around the json module's own recursion limit, and past it
+        holder[key], expected = DEEP, "nests"  # written as text: json.dumps would overflow
+    elif kind == "held":  # inside JSON the server parses from a string
+        inner = rng.choice(['{"city": "Par\\ud800is"}', json.dumps({"city": deep(70)})])
+        arguments = "messages[1].tool_calls[0].function.arguments"
+        if route.startswith("/v1/") and body.get("messages") == V1_HISTORY:
+            body["messages"][1]["tool_calls"][0]["function"]["arguments"] = inner
+            expected = arguments + ".city"
+        else:
+            holder[key], expected = inner, None  # a plain string where it lands
+    elif kind == "odd":
+        holder[key] = rng.choice(["\x00", "a\nb", "\x1b[2J", "\u2028", "\r\n", "\x7f" * 3])
+        expected = None
+    data = json.dumps(body).encode().replace(RAW.encode(), rng.choice(RAW_BYTES))
+    levels = rng.choice([960, 970, 975, 978, 980, 985, 990, 1000, 3000])
+    data = data.replace(f'"{DEEP}"'.encode(), b"[" * levels + b"1" + b"]" * levels)
+    if kind == "encoding":
+        data = json.dumps(body).encode(rng.choice(["utf-16", "utf-16-be", "utf-32", "utf-32-le"]))
+        expected = "UTF-8"
+    return data, expected, kind
+
+
+def error_message(reply) -> str:
+    error = json.loads(reply.body)["error"]
+    return error if isinstance(error, str) else error["message"]
+
+
+def fuzz_the_door(url: str, seed: int, per_route: int) -> dict:
+    """`per_route` door bodies to each route; asserts no 500 and that each bad value is a
+    400 naming where it is. The statuses, by route."""
+    rng = random.Random(seed)
+    statuses: dict[str, list[int]] = {route: [] for route in ROUTE_BODIES}
+    for _ in range(per_route):
+        for route in ROUTE_BODIES:
+            data, expected, kind = door_body(rng, route)
+            reply = request(url, "POST", route, raw=data, timeout=120)
+            statuses[route].append(reply.status)
+            internal = re.search(rb'"(code|type)": ?"(internal|server_error)"', reply.body)
+            assert reply.status != 500 and internal is None, (route, kind, data[:300], reply.body)
+            if expected is None:
+                continue
+            assert reply.status == 400, (route, kind, data[:300], reply.body)
+            message = error_message(reply)
+            assert len(message) < 600, message
+            if kind in ("parser", "encoding"):
+                assert expected in message, (route, kind, message)
+            else:  # the path, cut to MAX_PATH_CHARS where long
+                named = expected[: checked_json.MAX_PATH_CHARS - 3]
+                assert f"'{named}" in message or (expected == "" and "the body" in message), (
+                    route,
+                    kind,
+                    message,
+                )
+    return statuses
+
+
+DOOR_REQUESTS = int(os.environ.get("DESKCHAT_FUZZ_DOOR_REQUESTS", "40"))  # each route
+
+
+def test_every_routes_door_refuses_bad_text_and_nesting_naming_where(fake_server):
+    server = fake_server(FakeEngine(token_s=0.0))
+    statuses = fuzz_the_door(server.url, 20261207, DOOR_REQUESTS)
+    assert all(400 in s for s in statuses.values()), statuses
+    assert server.engine.ran == [] or 200 in statuses["/chat"] + statuses["/api/chat"]
+
+
+@pytest.mark.slow  # the real tokenizer, grammar and model behind every route
+def test_every_routes_door_holds_with_the_real_model(embedded_server):
+    statuses = fuzz_the_door(embedded_server.url, 20261208, DOOR_REQUESTS // 2)
+    assert all(400 in s for s in statuses.values()), statuses
+    log = embedded_server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    assert all(line.startswith("20") for line in log.splitlines() if line), log[-3000:]
