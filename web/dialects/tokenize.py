@@ -4,7 +4,8 @@ A tool about to send a long conversation asks first how many tokens its prompt i
 chat template and the tools applied, exactly as the answer's `prompt_tokens` will count it)
 and what the server allows, instead of learning it from a 413. `POST /tokenize` takes what
 `POST /chat` takes, `POST /v1/tokenize` what `/v1/chat/completions` takes; either may instead
-carry `{"prompt": text}`, counted as plain text without the template. `/detokenize` and
+carry `{"prompt": text}`, counted as plain text without the template. A chat body is
+refused exactly as its chat route refuses it: both run relay.prepare(). `/detokenize` and
 `/v1/detokenize` turn `{"tokens": [...]}` back into text. Behind the same keys as the rest.
 """
 
