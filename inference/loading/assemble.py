@@ -17,6 +17,7 @@ from pathlib import Path
 
 from inference.host.cpu import CpuUnsupported
 from inference.loading.embedded import EMBEDDED_NAME, embedded_model_dir, remove_abandoned_staging
+from inference.model.families import UnsupportedModel, family_of
 from inference.runtime.jobs import SAMPLING_RANGES, SamplingDefaults
 from service.config import EMBEDDED_MODEL, Config
 
@@ -51,9 +52,22 @@ def _folder_problem(path: Path) -> str | None:
         return f"its config.json is not readable JSON ({' '.join(str(exc).split())})"
     if not isinstance(parsed, dict):
         return "its config.json is not a JSON object"
+    unserved = _unserved(parsed)
+    if unserved is not None:
+        return unserved
     weights = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
     if not any(next(path.glob(pattern), None) for pattern in weights):
         return "no weights in it (*.safetensors or pytorch_model*.bin)"
+    return None
+
+
+def _unserved(config: dict) -> str | None:
+    """Why a config.json's model is not served (inference/model/families.py), or None:
+    asked before anything is converted."""
+    try:
+        family_of(config.get("model_type"), config.get("architectures"))
+    except UnsupportedModel as exc:
+        return str(exc)
     return None
 
 
@@ -113,6 +127,9 @@ def choose_model(config: Config, status: Status) -> ModelChoice:
             endpoint=config.modelscope_endpoint,
             timeout_s=config.download_timeout,
         )
+        problem = _folder_problem(path)  # before anything is converted
+        if problem is not None:
+            raise ModelLoadError(f"--model {config.model}: {problem}")
         return ModelChoice(path, config.model)
     except ModelNotFound as exc:  # a mistake to fix, not a reason to serve another model
         raise ModelLoadError(str(exc)) from None

@@ -1,4 +1,4 @@
-"""The module tree of a plain Llama or Qwen2 decoder, its weights on the meta device, for the
+"""The module tree of a plain Llama, Qwen2 or Qwen3 decoder, its weights on the meta device, for the
 layer-by-layer load to fill: transformers' own tree without importing its modeling code.
 
 Importing a transformers model class imports its loading machinery with it (torch.distributed's
@@ -6,7 +6,7 @@ tensor ops, torch._dynamo, sympy, accelerate: 1,085 modules, 87 MB of RSS in the
 process, docs/native.md "Memory"), none of which a served model runs. The names here are
 transformers' (the weights digest hashes the state_dict by them), and the forwards that can
 still run (the norm off the fused path, SiLU) compute what transformers' do. Anything else
-(another rotary type, activation, per-head norms) returns None and transformers builds it.
+(another rotary type, activation) returns None and transformers builds it.
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# model_type -> (q/k/v bias, o_proj bias, MLP bias) as its transformers classes set them
-_BIASES = {
-    "qwen2": lambda c: (True, False, False),
-    "llama": lambda c: (c.attention_bias, c.attention_bias, c.mlp_bias),
-}
+from inference.model.families import FAMILIES
 
 
 class RMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm / Qwen2RMSNorm: the same operations in the same order."""
+    """transformers' LlamaRMSNorm / Qwen2RMSNorm / Qwen3RMSNorm: the same operations in the
+    same order."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -62,7 +59,7 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config, biases: tuple):
+    def __init__(self, config, biases: tuple, qk_norm: bool):
         super().__init__()
         self.head_dim = _head_dim(config)
         self.scaling = self.head_dim**-0.5
@@ -75,6 +72,9 @@ class Attention(nn.Module):
         self.k_proj = _linear(hidden, kv * self.head_dim, biases[0])
         self.v_proj = _linear(hidden, kv * self.head_dim, biases[0])
         self.o_proj = _linear(heads * self.head_dim, hidden, biases[1])
+        if qk_norm:  # Qwen3: each head's query and key, before the rotation
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
 
 class MLP(nn.Module):
@@ -88,21 +88,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, biases: tuple):
+    def __init__(self, config, biases: tuple, qk_norm: bool):
         super().__init__()
-        self.self_attn = Attention(config, biases)
+        self.self_attn = Attention(config, biases, qk_norm)
         self.mlp = MLP(config, biases[2])
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Body(nn.Module):
-    def __init__(self, config, biases: tuple):
+    def __init__(self, config, biases: tuple, qk_norm: bool):
         super().__init__()
         table = torch.empty(config.vocab_size, config.hidden_size, device="meta")
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, biases) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, biases, qk_norm) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
@@ -112,11 +112,11 @@ class CausalLM(nn.Module):
     """model (embed_tokens, layers, norm, rotary_emb) and lm_head, with the config and the
     generation config, as the loader and the decoder read them."""
 
-    def __init__(self, config, generation_config, biases: tuple):
+    def __init__(self, config, generation_config, biases: tuple, qk_norm: bool):
         super().__init__()
         self.config = config
         self.generation_config = generation_config
-        self.model = Body(config, biases)
+        self.model = Body(config, biases, qk_norm)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
 
 
@@ -125,11 +125,12 @@ def empty_model(config, dtype: torch.dtype) -> CausalLM | None:
     one built here as transformers would (the caller then asks transformers)."""
     from transformers import GenerationConfig
 
-    biases = _BIASES.get(config.model_type)
-    if biases is None or not _plain(config):
+    family = FAMILIES.get(config.model_type)
+    if family is None or not _plain(config):
         return None
     generation = GenerationConfig.from_model_config(config)  # as from_config makes it
-    model = CausalLM(config, generation, tuple(map(bool, biases(config)))).to(dtype)
+    biases = tuple(map(bool, family.biases(config)))
+    model = CausalLM(config, generation, biases, family.qk_norm).to(dtype)
     return model.eval()
 
 

@@ -1,4 +1,5 @@
-"""One forward pass over several sequences at once, for Llama/Qwen2-style decoders.
+"""One forward pass over several sequences at once, for the decoder families served
+(inference/model/families.py: Llama, Qwen2, Qwen3).
 
 The rows of every sequence in the step (one token for each decoding job, a prefill chunk for
 a job being admitted) go through each Linear, norm and activation together, so the weights
@@ -24,16 +25,13 @@ import torch.nn.functional as F
 
 from inference.model import rope
 from inference.model.attention import prompt_attention
+from inference.model.families import UnsupportedModel
 from inference.model.kvcache import SequenceCache, SpareBuffers
 from inference.quant.rowint8 import FusedPart, FusedParts, RowInt8Linear
 from inference.quant.smooth import PLAIN_NORMS
 
 # RoPE variants whose table depends on the sequence length: not supported by a fixed table.
 _LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
-
-
-class UnsupportedModel(ValueError):
-    """The model is not a plain Llama/Qwen2-style decoder this forward knows."""
 
 
 @dataclass
@@ -60,9 +58,11 @@ class _Fused:
     gate_up_sizes: list[int]
     down: RowInt8Linear
     act: Callable[[torch.Tensor], torch.Tensor]
+    # Qwen3: each head of the fused product's queries and keys through its own norm
+    qk_norm: Callable[[torch.Tensor], torch.Tensor] | None
 
     @classmethod
-    def of(cls, layer, norm: Callable) -> _Fused:
+    def of(cls, layer, norm: Callable, heads: int, kv_heads: int) -> _Fused:
         attn, mlp = layer.self_attn, layer.mlp
         return cls(
             norm(layer.input_layernorm),
@@ -73,6 +73,7 @@ class _Fused:
             mlp.gate_up_proj.sizes,
             mlp.down_proj,
             mlp.act_fn,
+            _qk_norm_weight(attn, heads, kv_heads),
         )
 
 
@@ -110,12 +111,15 @@ class Decoder:
         self._final_norm = self._norm_fn(body.norm)
         self._fused = None
         if self.fused_projections:
-            self._fused = [_Fused.of(lay, self._norm_fn) for lay in self.layers]
+            self._fused = [
+                _Fused.of(lay, self._norm_fn, self.heads, self.kv_heads) for lay in self.layers
+            ]
         cos, sin = rope.tables(body.rotary_emb, context_tokens, self.dtype)
         half = self.head_dim // 2
         self.cos = cos  # [context, head_dim]
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rotate
         self.eps = float(body.norm.variance_epsilon) if self.fused_norms else 0.0
+        self.qk_norms = hasattr(attn, "q_norm")
         self.intermediate = self._fused[0].gate_up_sizes[0] if self._fused else 0
         self._native = self._native_model(native)
         # Keys and values: float16 where the native step runs (it converts them exactly, in
@@ -162,11 +166,12 @@ class Decoder:
             return None
 
     def native_layers(self) -> list[tuple]:
-        """Per layer, what the native step is given: the two norms' weights and the fused
-        q/k/v, o, fused gate/up and down Linears."""
+        """Per layer, what the native step is given: the two norms' weights, the fused
+        q/k/v, o, fused gate/up and down Linears, and the per-head query and key norms'
+        weights (None without them)."""
         return [
             (lay.input_layernorm.weight, lay.post_attention_layernorm.weight, p.qkv, p.o_proj,
-             p.gate_up, p.down)
+             p.gate_up, p.down, *_qk_norms(lay.self_attn))
             for lay, p in zip(self.layers, self._fused, strict=True)
         ]  # fmt: skip
 
@@ -261,19 +266,25 @@ class Decoder:
         return self._norm_fn(module)(x)
 
     def _qkv(self, attn, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
-        """Rotated queries and keys, and values, [rows, heads, dim] each, from three products
-        (the fused product is _split_qkv's)."""
+        """Rotated queries and keys (each head normed first where the family does), and
+        values, [rows, heads, dim] each, from three products (the fused product is
+        _split_qkv's)."""
         rows = x.shape[0]
-        q = _rotate(attn.q_proj(x).view(rows, self.heads, self.head_dim), cos, sin)
-        k = _rotate(attn.k_proj(x).view(rows, self.kv_heads, self.head_dim), cos, sin)
-        return q, k, attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+        q = attn.q_proj(x).view(rows, self.heads, self.head_dim)
+        k = attn.k_proj(x).view(rows, self.kv_heads, self.head_dim)
+        if self.qk_norms:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        v = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
-    def _split_qkv(self, qkv: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
-        """The fused product's queries and keys, rotated together (adjacent in it), and its
-        values."""
+    def _split_qkv(self, qkv: torch.Tensor, cos, sin, qk_norm=None) -> tuple[torch.Tensor, ...]:
+        """The fused product's queries and keys, each head normed by its row of `qk_norm`
+        where the family does, rotated together (adjacent in it), and its values."""
         rows = qkv.shape[0]
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(rows, self.heads + self.kv_heads, self.head_dim)
+        if qk_norm is not None:
+            qk = qk_norm(qk)
         qk = _rotate(qk, cos, sin)
         v = qkv[:, qk_width:].view(rows, self.kv_heads, self.head_dim)
         return qk[:, : self.heads], qk[:, self.heads :], v
@@ -289,7 +300,8 @@ class Decoder:
 
     def _fused_layer(self, index, parts: _Fused, hidden, cos, sin, segments, spans):
         """_layer with fused projections, from the parts looked up at load."""
-        q, k, v = self._split_qkv(parts.qkv.rows(parts.input_norm(hidden)), cos, sin)
+        qkv = parts.qkv.rows(parts.input_norm(hidden))
+        q, k, v = self._split_qkv(qkv, cos, sin, parts.qk_norm)
         hidden = hidden + parts.o_proj.rows(self._attention(index, q, k, v, segments, spans))
         gate, up = parts.gate_up.rows(parts.post_norm(hidden)).split(parts.gate_up_sizes, dim=-1)
         h = parts.act(gate).mul_(up)
@@ -337,7 +349,34 @@ class Decoder:
 
 
 def _layer_norms(layer) -> list:
-    return [layer.input_layernorm, layer.post_attention_layernorm]
+    return [layer.input_layernorm, layer.post_attention_layernorm, *_qk_norm_modules(layer)]
+
+
+def _qk_norm_modules(layer) -> list:
+    attn = layer.self_attn
+    return [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+
+
+def _qk_norms(attn) -> tuple:
+    """The per-head query and key norms' weights, or (None, None)."""
+    if not hasattr(attn, "q_norm"):
+        return None, None
+    return attn.q_norm.weight, attn.k_norm.weight
+
+
+def _qk_norm_weight(attn, heads: int, kv_heads: int) -> Callable | None:
+    """The norm of the fused product's query and key heads side by side: each head's RMS,
+    then the query heads' weight or the key heads' (a row per head)."""
+    q_norm, k_norm = _qk_norms(attn)
+    if q_norm is None:
+        return None
+    weight = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)]).detach()
+    eps = attn.q_norm.variance_epsilon
+
+    def norm(qk: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(qk.float(), (weight.shape[-1],), eps=eps).to(qk.dtype) * weight
+
+    return norm
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -358,9 +397,8 @@ def _check_supported(model) -> None:
     parts = ["input_layernorm", "post_attention_layernorm", "self_attn", "mlp"]
     if not all(hasattr(layer, p) for p in parts):
         raise UnsupportedModel(f"{type(layer).__name__} is not a Llama/Qwen2-style layer")
-    if hasattr(layer.self_attn, "q_norm") or hasattr(layer.self_attn, "k_norm"):
-        # Qwen3 normalises query and key heads before the rotation: not done here
-        raise UnsupportedModel("per-head query/key norms (Qwen3) are not supported")
+    if hasattr(layer.self_attn, "q_norm") != hasattr(layer.self_attn, "k_norm"):
+        raise UnsupportedModel("a norm over the query heads or the key heads alone")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not supported")
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)

@@ -20,7 +20,9 @@ from inference.native import build
 
 log = logging.getLogger("deskchat.native")
 
-ABI_VERSION = 5  # 2: the cache holds float16; 3: 4-bit weights; 4: the pool steals; 5: every pass
+# 2: the cache holds float16; 3: 4-bit weights; 4: the pool steals; 5: every pass; 6: per-head
+# query and key norms
+ABI_VERSION = 6
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
@@ -31,6 +33,7 @@ _SIGNATURES = {
     "dc_model_new": (_P, [_I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P]),
     "dc_model_free": (None, [_P]),
     "dc_layer_set": (_I, [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
+    "dc_layer_qk_norm_set": (_I, [_P, _I, _P, _P]),
     "dc_head_set": (None, [_P, _P, _P]),
     "dc_linear4_set": (_I, [_P, _I, _I, _P, _P, _P, _P, _P]),
     "dc_forward": (_I, [_P, _I, _P, _P, _P, _P, _I, _P, _P, _I]),
@@ -147,7 +150,7 @@ class NativeModel:
         if not self.handle:
             raise ValueError("the native step does not fit this model's shape")
         for i, parts in enumerate(d.native_layers()):
-            norm_in, norm_post, qkv, o, gate_up, down = parts
+            norm_in, norm_post, qkv, o, gate_up, down, q_norm, k_norm = parts
             lib.dll.dc_layer_set(
                 self.handle, i, self._hold(norm_in), self._hold(norm_post),
                 *self._linear(qkv, bias=True), *self._linear(o), *self._linear(gate_up),
@@ -155,6 +158,10 @@ class NativeModel:
             )  # fmt: skip
             for part, linear in enumerate([qkv, o, gate_up, down]):
                 self._four_bit(i, part, linear)
+            if q_norm is not None and lib.dll.dc_layer_qk_norm_set(
+                self.handle, i, self._hold(q_norm), self._hold(k_norm)
+            ):
+                raise ValueError("the native step does not take per-head norms of this width")
         lib.dll.dc_head_set(self.handle, *self._linear(d.lm_head))
         self._four_bit(-1, 0, d.lm_head)
         # The step's own thread count (the pool in step.c) once Decoder.set_threads has set

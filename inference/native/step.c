@@ -28,8 +28,9 @@
 #include <immintrin.h>
 #endif
 
-#define ABI_VERSION 5 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set);
-                        * 4: the pool steals (dc_test_pause); 5: from every pass */
+#define ABI_VERSION 6 /* 2: the cache holds float16; 3: 4-bit weights (dc_linear4_set);
+                        * 4: the pool steals (dc_test_pause); 5: from every pass;
+                        * 6: per-head query and key norms (dc_layer_qk_norm_set) */
 #define MAX_THREADS 64
 #define TILE 16 /* output channels per work item: their weights stay in cache over the rows */
 #define WIDE_TILES 8 /* ... and tiles per item when the rows fit one block (a decode step): a
@@ -103,6 +104,7 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm; /* [hidden] */
     Linear qkv, o, gate_up, down;
+    const float *q_norm, *k_norm; /* [head_dim] each (Qwen3), or NULL: no per-head norm */
 } Layer;
 
 /* A step is a program of passes over the thread pool (below): a work function over
@@ -270,6 +272,15 @@ int dc_layer_set(Model *m, int i, const float *input_norm, const float *post_nor
                           linear(o_q, o_s, NULL, m->hidden, m->heads * m->head_dim),
                           linear(gu_q, gu_s, NULL, 2 * m->inter, m->hidden),
                           linear(down_q, down_s, NULL, m->hidden, m->inter)};
+    return 0;
+}
+
+/* Layer i's per-head norms (Qwen3): RMSNorm of each query head by q_norm and of each key
+ * head by k_norm, [head_dim] each, after the q/k/v product and before the rotation. */
+int dc_layer_qk_norm_set(Model *m, int i, const float *q_norm, const float *k_norm) {
+    if (i < 0 || i >= m->layers || !q_norm || !k_norm || m->head_dim % 8) return -1;
+    m->layer[i].q_norm = q_norm;
+    m->layer[i].k_norm = k_norm;
     return 0;
 }
 
@@ -1252,21 +1263,30 @@ static void rotate(const float *x, float *out, const float *cos, const float *si
     for (int i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
 }
 
-/* q and k rotated in place, k and v into the cache */
+/* q and k (each head normed first where the layer has per-head norms) rotated in place, k
+ * and v into the cache */
 static void rope_and_store(void *ctx, int begin, int end, int thread) {
     (void)thread;
     Step s;
     if (!step_of(ctx, &s)) return;
     const Model *m = s.m;
+    const Layer *layer = &m->layer[s.layer];
     int d = m->head_dim, width = (m->heads + 2 * m->kv_heads) * d;
-    float out[(m->heads + m->kv_heads) * d];
+    float out[(m->heads + m->kv_heads) * d], normed[d];
     for (int i = begin; i < end; i++) {
         _Atomic uint64_t *mark;
         int r = open_item(begin, end, i, &mark);
         if (r < 0) continue;
         float *row = s.qkv + (size_t)r * width;
         const float *cos = m->cos + (size_t)s.pos[r] * d, *sin = m->sin + (size_t)s.pos[r] * d;
-        for (int h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * d, out + h * d, cos, sin, d);
+        for (int h = 0; h < m->heads + m->kv_heads; h++) {
+            const float *head = row + h * d, *norm = h < m->heads ? layer->q_norm : layer->k_norm;
+            if (norm) {
+                rms_norm(head, norm, d, m->eps, normed);
+                head = normed;
+            }
+            rotate(head, out + h * d, cos, sin, d);
+        }
         if (!claim_item(mark, chunk_pass)) continue;
         memcpy(row, out, sizeof out);
         for (int h = 0; h < m->kv_heads; h++) {
