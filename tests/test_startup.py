@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import tempfile
@@ -113,6 +114,21 @@ MISUSES = {
             _model_folder(tmp, {"config.json": '{"model_type": "llama"}', "tokenizer.json": "{}"}),
         ],
         ["--model", "no weights"],
+    ),
+    "architecture not served": (  # refused before any conversion: the weights are empty
+        lambda tmp, _: [
+            "--model",
+            _model_folder(
+                tmp,
+                {
+                    "config.json": json.dumps(
+                        {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}
+                    ),
+                    "model.safetensors": "",
+                },
+            ),
+        ],
+        ["--model", "Gemma2ForCausalLM is not served", "Qwen3ForCausalLM"],
     ),
     "truncated weights": (_truncated_weights, ["cannot load the model", "--model embedded"]),
     "timeout not finite": (["--request-timeout", "nan"], ["--request-timeout", "finite"]),
