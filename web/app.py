@@ -36,6 +36,7 @@ from web.runtime import Runtime
 log = logging.getLogger("deskchat.http")
 
 MAX_PATH_IN_ERROR = 100  # characters of an unknown path echoed back in a 404
+MAX_METHOD_IN_ERROR = 20  # ... and of a method in a 405
 # Each dialect's error shape, by path prefix; anything else gets /chat's.
 ERROR_SHAPES = (("/v1/", openai_api.error_body), ("/api/", ollama_api.error_body))
 
@@ -112,7 +113,7 @@ def create_app(config: Config, runtime: Runtime) -> Flask:
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
-        where = f"{request.method} {request.path[:MAX_PATH_IN_ERROR]}"
+        where = f"{request.method[:MAX_METHOD_IN_ERROR]} {request.path[:MAX_PATH_IN_ERROR]}"
         if exc.code == 404:
             error: ServiceError = NotFound(f"{where}: no such endpoint")
         elif exc.code == 405:

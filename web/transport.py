@@ -94,6 +94,10 @@ class JsonErrorTask(ErrorTask):
 class StrictRequestParser(HTTPRequestParser):
     """waitress' parser, refusing what it lets through: unknown versions, ambiguous framing."""
 
+    # Until its request line is read: waitress' channel names the path when a client leaves
+    # during the answer to a request refused before that (an AttributeError traceback).
+    command = path = ""
+
     def __init__(self, adj, reserve: bool = False):
         super().__init__(adj)
         self.begun = time.time()  # created when a request's first bytes arrive

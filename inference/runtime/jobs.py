@@ -55,15 +55,17 @@ class Range:
 
 # The one table of what a request, or a model's generation_config.json, may set
 # (web/dialects/validation.py, inference/loading/assemble.py). repetition_penalty is a factor
-# > 0 (1: off) and models ship 1.0-1.3: past 10 it only garbles answers, so a larger value is
-# taken for a mistake. A top_k past any vocabulary is off, as are 0 and -1 (vLLM's word for
-# it). The penalties and top_logprobs have OpenAI's ranges.
+# (1: off) and models ship 1.0-1.3: past 10 it only garbles answers, so a larger value is
+# taken for a mistake, and so is one under 0.1 (it multiplies a logit by its inverse: at
+# 1e-300 the logits overflowed to inf and the sampler failed, a 500 found by fuzzing). A
+# top_k past any vocabulary is off, as are 0 and -1 (vLLM's word for it). The penalties and
+# top_logprobs have OpenAI's ranges.
 SAMPLING_RANGES = {
     "temperature": Range(0.0, 2.0),
     "top_p": Range(0.0, 1.0, low_open=True),
     "top_k": Range(-1, 1_000_000, integer=True),  # 0 or -1: off
     "min_p": Range(0.0, 1.0),
-    "repetition_penalty": Range(0.0, 10.0, low_open=True),
+    "repetition_penalty": Range(0.1, 10.0),
     "frequency_penalty": Range(-2.0, 2.0),
     "presence_penalty": Range(-2.0, 2.0),
     "top_logprobs": Range(0, 20, integer=True),

@@ -96,6 +96,18 @@ def test_404_does_not_echo_a_huge_path(fake_server):
     assert len(reply.body) < 500
 
 
+def test_what_an_error_echoes_of_a_request_is_bounded(fake_server):
+    """Found by fuzzing: every unknown field's whole name, and a 1,000-letter method, came
+    back in the error message."""
+    server = fake_server()
+    many = {f"{'k' * 500}{i}": 1 for i in range(100)}
+    reply = chat(server.url, {"message": "hi", **many})
+    message = assert_error(reply, 400, "invalid_request")["message"]
+    assert len(message) < 400 and "and 95 more" in message, message
+    head, body = raw_exchange(server.url, b"X" * 1000 + b" /chat HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b" 405 " in head.split(b"\r\n")[0] and len(body) < 400, (head, body)
+
+
 FORGING = "%0a2026-01-01%2000:00:00,000%20ERROR%20deskchat.http:%20FORGED"
 
 

@@ -215,3 +215,17 @@ def test_closing_waits_for_the_request_threads(fake_server, caplog):
         assert server.server.task_dispatcher.threads == set()  # the answering one too
         assert time.monotonic() - started < 3  # it waited for the answer, no longer
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_a_client_gone_before_its_refusal_is_answered_leaves_no_traceback(fake_server, caplog):
+    """A header waitress refuses (a bare CR in it), the connection closed at once: writing
+    the refusal fails, and waitress names the request's path, which a request refused
+    before its request line was read did not have (an AttributeError, found by fuzzing)."""
+    server = fake_server()
+    host, port = server.url.removeprefix("http://").split(":")
+    for _ in range(30):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\rb\r\n\r\n")
+    time.sleep(0.5)
+    assert request(server.url, "GET", "/health").status == 200
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

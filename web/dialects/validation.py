@@ -20,6 +20,8 @@ MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
 MAX_MODEL_CHARS = 256
+MAX_NAMED = 5  # unknown fields named in an error, each cut at MAX_FIELD_NAME_CHARS
+MAX_FIELD_NAME_CHARS = 40
 # The fields every dialect reads with `sampling()`, under the same names.
 SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
 SAMPLING_FIELDS |= {"frequency_penalty", "presence_penalty", "seed", "logprobs", "top_logprobs"}
@@ -257,5 +259,13 @@ def known_fields(body, allowed: set[str]) -> dict:
         raise InvalidRequest("the body must be a JSON object")
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+        names = ", ".join(_clip(name, MAX_FIELD_NAME_CHARS) for name in unknown[:MAX_NAMED])
+        more = f" and {len(unknown) - MAX_NAMED} more" if len(unknown) > MAX_NAMED else ""
+        raise InvalidRequest(
+            f"unknown field(s): {names}{more}", param=_clip(unknown[0], MAX_FIELD_NAME_CHARS)
+        )
     return body
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

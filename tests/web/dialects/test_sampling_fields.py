@@ -31,6 +31,8 @@ def post(server, path: str, fields: dict):
         ("frequency_penalty", "0.5"),
         ("presence_penalty", -2.01),
         ("repetition_penalty", 0),
+        ("repetition_penalty", 1e-300),  # its inverse overflowed the logits: a 500
+        ("repetition_penalty", 0.09),
         ("repetition_penalty", -1.1),
         ("repetition_penalty", 11),
         ("top_k", -2),
