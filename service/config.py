@@ -21,6 +21,7 @@ from service.cpu_list import cpu_list_problem
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 EMBEDDED_MODEL = "embedded"
+THINKING_CHOICES = ("auto", "on", "off")
 QUANTIZE_CHOICES = ("auto", "none", "int8", "int8-row", "int4-row", "int4")
 INT8_ENGINE_CHOICES = ("auto", "fbgemm", "onednn", "qnnpack")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
@@ -230,6 +231,20 @@ class Config:
     )
     max_tokens_default: int = _setting(256, "max_tokens when a request does not say.", 1, 1_000_000)
     max_tokens_cap: int = _setting(1024, "Upper limit on any request's max_tokens.", 1, 1_000_000)
+    thinking: str = _setting(
+        "auto",
+        "A thinking model's thought before its answer (Qwen3's): auto (the model's template "
+        "decides: Qwen3 thinks), on or off; a request may say otherwise (docs/api.md "
+        "'Thinking').",
+        choices=THINKING_CHOICES,
+    )
+    thinking_budget: int = _setting(
+        0,
+        "Most tokens a thought may take before the server closes it; 0: only the rule that "
+        "leaves the answer min(64, max_tokens / 4) of its tokens.",
+        0,
+        1_000_000,
+    )
     context_tokens: int = _setting(
         4096,
         "Prompt plus answer limit in tokens (also bounded by the model's own).",

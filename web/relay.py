@@ -23,7 +23,16 @@ from flask import Response
 from inference.runtime import tools as tool_format
 from inference.runtime.budget import answer_budget
 from inference.runtime.grammar import Grammar
-from inference.runtime.jobs import Delta, Done, Event, Failed, Job, Sampling, TokenLogprob
+from inference.runtime.jobs import (
+    Delta,
+    Done,
+    Event,
+    Failed,
+    Job,
+    Sampling,
+    Thought,
+    TokenLogprob,
+)
 from inference.runtime.tools import CallArguments, CallEnd, CallPiece, CallReader, CallStart
 from inference.runtime.worker import Worker
 from service.config import Config
@@ -41,6 +50,8 @@ from web.errors import status_of
 from web.request_log import RequestLog
 from web.runtime import Runtime
 
+# --thinking: the template's own default (auto), or the switch set for every request
+SERVER_THINKING = {"auto": None, "on": True, "off": False}
 POLL_S = 0.05  # how often a waiting handler looks at its client and its job
 # A running job's deadline is enforced by the worker between tokens; this is only the
 # handler's guard against a generation step that never returns.
@@ -56,7 +67,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     if not runtime.ready:
         raise Loading()
     runtime.worker.check_room()
-    prompt_ids, grammar, bias = prepare(chat_request, runtime)
+    prompt_ids, grammar, bias = prepare(chat_request, config, runtime)
     runtime.prompts.check_fits(len(prompt_ids))
     prefixes = runtime.prefixes
     cached = prefixes.cached_tokens(prompt_ids) if prefixes is not None else 0
@@ -76,6 +87,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         logprobs=chat_request.logprobs,
         top_logprobs=chat_request.top_logprobs,
         logit_bias=bias,
+        thinking_budget=config.thinking_budget or None,
         **runtime.defaults.fill(
             temperature=chat_request.temperature,
             top_p=chat_request.top_p,
@@ -88,23 +100,33 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
     return runtime.worker.submit(job)
 
 
-def prepare(chat_request: ChatRequest, runtime: Runtime) -> tuple[list[int], Grammar | None, tuple]:
+def prepare(
+    chat_request: ChatRequest, config: Config, runtime: Runtime
+) -> tuple[list[int], Grammar | None, tuple]:
     """What a request is answered from, each part checked: its prompt's token ids, its
     constraint compiled, its logit bias against the vocabulary. A chat route and its
     /tokenize both run this, so the one refuses exactly what the other refuses."""
     bias = _logit_bias(chat_request.logit_bias, runtime)
     grammar = _grammar(chat_request, runtime)
-    return prompt_of(chat_request, runtime), grammar, bias
+    if chat_request.think and chat_request.think_param and not runtime.prompts.thinks:
+        raise InvalidRequest(
+            f"'{chat_request.think_param}' asks for a thought, but {runtime.model_name} does "
+            "not think before it answers",
+            param=chat_request.think_param,
+        )
+    return prompt_of(chat_request, runtime, config.thinking), grammar, bias
 
 
-def prompt_of(chat_request: ChatRequest, runtime: Runtime) -> list[int]:
+def prompt_of(chat_request: ChatRequest, runtime: Runtime, thinking: str = "auto") -> list[int]:
     """The prompt's token ids: the chat template over the messages, the system text and the
     tools' definitions, or a raw prompt (Ollama's `raw`) as the client wrote it. What a
-    request is answered from and what /tokenize counts."""
+    request is answered from and what /tokenize counts. The thinking switch: the request's,
+    else the server's `thinking` (--thinking)."""
     if chat_request.raw is not None:
         return runtime.prompts.encode_raw(chat_request.raw)
     functions = chat_request.tools.functions if chat_request.tools else None
-    return runtime.prompts.encode(chat_request.messages, chat_request.system, functions)
+    think = chat_request.think if chat_request.think is not None else SERVER_THINKING[thinking]
+    return runtime.prompts.encode(chat_request.messages, chat_request.system, functions, think)
 
 
 def _logit_bias(bias: tuple, runtime: Runtime) -> tuple:
@@ -213,7 +235,7 @@ def events(job: Job, disconnected: Callable[[], bool]) -> Iterator[Event]:
                 return
             continue
         yield event
-        if not isinstance(event, Delta):
+        if not isinstance(event, Delta | Thought):
             return
 
 
@@ -232,7 +254,7 @@ def read_calls(relayed: Iterator[Event], forced: bool = False) -> Iterator[Event
     pending: deque[TokenLogprob] = deque()
     let_out = given = 0  # bytes of text let out, and of the entries given with it
     for event in relayed:
-        if isinstance(event, Failed):
+        if isinstance(event, Failed | Thought):
             yield event
             continue
         if isinstance(event, Delta):
@@ -289,22 +311,26 @@ class WholeCalls:
 
 @dataclass
 class Answer:
-    """A whole answer: its text outside calls, its calls, its Done and its logprob entries
-    (none unless asked)."""
+    """A whole answer: its text outside calls, its calls, its Done, its logprob entries
+    (none unless asked) and a thinking model's thought ("" without one)."""
 
     text: str
     calls: list[Call]
     done: Done
     logprobs: list[TokenLogprob]
+    thought: str = ""
 
 
 def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> Answer:
     """The whole answer; raises the job's error, or Cancelled if the client left."""
     parts: list[str] = []
+    thought: list[str] = []
     calls: list[Call] = []
     logprobs: list[TokenLogprob] = []
     for event in relayed:
-        if isinstance(event, Delta):
+        if isinstance(event, Thought):
+            thought.append(event.text)
+        elif isinstance(event, Delta):
             parts.append(event.text)
             logprobs.extend(event.logprobs)
         elif isinstance(event, CallStart):
@@ -317,7 +343,7 @@ def collect(relayed: Iterator[Event | CallPiece], log: RequestLog) -> Answer:
             raise event.error
         else:
             log.finish(200, event)
-            return Answer("".join(parts), calls, event, logprobs)
+            return Answer("".join(parts), calls, event, logprobs, "".join(thought))
     raise Cancelled("the client went away")
 
 
@@ -328,6 +354,8 @@ class StreamShape(Protocol):
     def begin(self, first: Event | CallPiece) -> list[str]: ...
 
     def delta(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> list[str]: ...
+
+    def thought(self, text: str) -> list[str]: ...
 
     def call(self, piece: CallPiece) -> list[str]: ...
 
@@ -370,7 +398,9 @@ def stream(
         try:
             yield from shape.begin(first)
             for event in itertools.chain([first], relayed):
-                if isinstance(event, Delta):
+                if isinstance(event, Thought):
+                    yield from shape.thought(event.text)
+                elif isinstance(event, Delta):
                     yield from shape.delta(event.text, event.logprobs)
                 elif isinstance(event, CallPiece):
                     yield from shape.call(event)

@@ -72,27 +72,34 @@ def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
     """Pick the stream's next token from its logits and decide whether it is done. The
     logit bias, the penalties and the grammar's mask change `scores` first; logprobs are of
     what they left, before temperature and the top_k/top_p/min_p cuts (a greedy and a
-    sampled request report the same numbers)."""
-    if stream.bias is not None:
-        stream.bias.apply_(scores)
-    if stream.penalties is not None:
-        stream.penalties.apply_(scores)
-    if stream.constraint is not None:
-        stream.constraint.mask_(scores)
+    sampled request report the same numbers). A thinking model's thought
+    (inference/runtime/thought.py) is free of the grammar and has no logprobs; the server
+    may write its markers itself."""
+    split = stream.split
+    token = split.forced() if split is not None else None
+    answering = split is None or not split.thinking
     sampling = stream.sampling
-    token = sampler.pick(
-        scores,
-        sampling.temperature,
-        sampling.top_p,
-        stream.generator(),
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-    )
-    if stream.constraint is not None:
+    if token is None:
+        if stream.bias is not None:
+            stream.bias.apply_(scores)
+        if stream.penalties is not None:
+            stream.penalties.apply_(scores)
+        if stream.constraint is not None and answering:
+            stream.constraint.mask_(scores)
+        token = sampler.pick(
+            scores,
+            sampling.temperature,
+            sampling.top_p,
+            stream.generator(),
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+        )
+    thought, thought_text = split.take(token) if split is not None else (False, "")
+    if stream.constraint is not None and not thought:
         stream.constraint.take(token)
     if stream.penalties is not None:
         stream.penalties.add(token)
-    if sampling.logprobs and token not in eos_ids:
+    if sampling.logprobs and token not in eos_ids and not thought:
         stream.add_logprob(logprob(pieces, scores, token, sampling.top_logprobs))
     if stream.completion_tokens == 0:
         stream.ttft_s = time.monotonic() - stream.opened
@@ -104,7 +111,11 @@ def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
     if token in eos_ids:
         stream.finish = "stop"
         return token
-    stream.add_text(stream.text.add(token))
+    if thought:
+        stream.add_thought(thought_text)
+    else:
+        text = stream.text.add(token)
+        stream.add_text(split.answer(text) if split is not None else text)
     if stream.text.stopped or (stream.constraint is not None and stream.constraint.finished):
         stream.finish = "stop"
     elif stream.completion_tokens >= stream.budget:

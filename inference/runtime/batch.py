@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Usage
+from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Thought, Usage
 from service.errors import Internal, ServiceError, Timeout, fault_summary
 from service.log_text import printable
 
@@ -46,6 +46,8 @@ class StreamLike(Protocol):
     ttft_s: float
 
     def take_text(self) -> str: ...
+
+    def take_thought(self) -> str: ...
 
     def take_logprobs(self) -> tuple: ...
 
@@ -145,12 +147,15 @@ class Batch:
                 draft_tokens=result.accepted,
                 drafted_tokens=result.drafted,
                 steps=result.steps,
+                thought_cut=result.thought_cut,
             ),
         )
 
     @staticmethod
     def _deliver(entry: Running) -> None:
         """The text and the logprob entries the stream has made since the last Delta."""
+        if thought := entry.stream.take_thought():
+            entry.job.events.put(Thought(thought))
         text, logprobs = entry.stream.take_text(), entry.stream.take_logprobs()
         if text or logprobs:
             entry.job.events.put(Delta(text, logprobs))

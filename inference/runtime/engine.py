@@ -28,6 +28,7 @@ from inference.model.prefix_cache import PrefixCache
 from inference.runtime import sampler
 from inference.runtime.accept import TextAssembler, TokenPieces, accept
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
+from inference.runtime.prompt import THINK_CLOSE, THINK_OPEN
 from inference.runtime.schedule import (
     ALIGN,
     PREFILL_BLOCK,
@@ -36,6 +37,7 @@ from inference.runtime.schedule import (
     PromptLookup,
     schedule,
 )
+from inference.runtime.thought import ThoughtSplit
 
 
 class Stream:
@@ -43,8 +45,11 @@ class Stream:
     `take_text()`, `take_logprobs()`, `completion_tokens` and `ttft_s`; the rest is the
     engine's."""
 
-    def __init__(self, prompt_ids: list[int], sampling: Sampling, text, cache, speculate):
+    def __init__(
+        self, prompt_ids: list[int], sampling: Sampling, text, cache, speculate, split=None
+    ):
         self.prompt_ids = prompt_ids
+        self.split: ThoughtSplit | None = split  # a thinking model's thought and answer
         self.sampling = sampling
         self.budget = sampling.max_tokens  # decided at admission (inference/runtime/budget.py)
         self.text: TextAssembler = text
@@ -66,6 +71,7 @@ class Stream:
         self.opened = time.monotonic()
         self.ttft_s = 0.0
         self._pending: list[str] = []
+        self._thought: list[str] = []
         self._logprobs: list[TokenLogprob] = []
 
     @property
@@ -76,6 +82,15 @@ class Stream:
         """The text produced since the last call (may be empty)."""
         text, self._pending = "".join(self._pending), []
         return text
+
+    def take_thought(self) -> str:
+        """The thought's text produced since the last call (may be empty)."""
+        text, self._thought = "".join(self._thought), []
+        return text
+
+    def add_thought(self, piece: str) -> None:
+        if piece:
+            self._thought.append(piece)
 
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The logprob entries of the tokens picked since the last call, in order."""
@@ -130,6 +145,7 @@ class Engine:
         self.eos_ids = eos_ids
         self.decoder = Decoder(model, context_tokens, native)  # native: the plan's library
         self.pieces = TokenPieces(tokenizer)  # token text and bytes, for logprobs
+        self.think_markers = think_markers(tokenizer)
         # True when every Linear is per-row int8: a row's result is the same in any batch
         # and any chunking, so several streams may share a step, and drafted tokens may be
         # verified beside the step's own (else a draft would change the answer).
@@ -205,7 +221,17 @@ class Engine:
             if self.prefixes is not None:
                 self.prefixes.restore(prompt_ids, cache)
         text = TextAssembler(self.tokenizer, sampling.stop)
-        stream = Stream(prompt_ids, sampling, text, cache, self.speculate)
+        split = None
+        if self.think_markers is not None:
+            split = ThoughtSplit(
+                self.think_markers,
+                prompt_ids,
+                budget,
+                self.tokenizer,
+                most=sampling.thinking_budget,
+                must_open=sampling.grammar is not None,
+            )
+        stream = Stream(prompt_ids, sampling, text, cache, self.speculate, split)
         self.reused_tokens = stream.reused
         return stream
 
@@ -214,6 +240,8 @@ class Engine:
         held-back text, if it finished, is left for one more take_text()."""
         finish = "interrupted" if interrupted or stream.finish is None else stream.finish
         if finish != "interrupted":
+            if stream.split is not None:
+                stream.add_thought(stream.split.flush())
             stream.add_text(stream.text.flush())
         if self.prefixes is not None and stream.cache is not None and stream.error is None:
             computed = stream.prompt_ids[: stream.prefilled]
@@ -233,6 +261,7 @@ class Engine:
             steps=stream.steps,
             prefill_tokens=stream.prefilled - stream.reused,
             prefill_s=stream.prefill_s,
+            thought_cut=stream.split is not None and stream.split.cut,
         )
 
     # -- the step ---------------------------------------------------------------------------
@@ -286,6 +315,15 @@ class Engine:
         if text := stream.take_text():
             emit(text)
         return result
+
+
+def think_markers(tokenizer) -> tuple[int, int] | None:
+    """The ids of `<think>` and `</think>` when the model's vocabulary has them as tokens of
+    their own (Qwen3's), else None: no thought is split from its answers."""
+    added = getattr(tokenizer, "added_tokens_encoder", {})
+    if THINK_OPEN in added and THINK_CLOSE in added:
+        return added[THINK_OPEN], added[THINK_CLOSE]
+    return None
 
 
 def _share_prefill_time(plan, rows: int, seconds: float) -> None:

@@ -33,6 +33,7 @@ class Sampling:
     logprobs: bool = False  # each answer token's log-probability
     top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, amount added to its logit)
+    thinking_budget: int | None = None  # the most thought tokens (--thinking-budget)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class Generation:
     # these, not from the time to the first token, which waits on the rows beside it.
     prefill_tokens: int = 0
     prefill_s: float = 0.0
+    thought_cut: bool = False  # the thought was closed by the server (ThoughtSplit)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,14 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class Thought:
+    """Text of the model's thought (Qwen3's, between `<think>` and `</think>`), never part
+    of the answer: each dialect names it its own way (reasoning_content, thinking)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -161,6 +171,7 @@ class Done:
     draft_tokens: int = 0  # answer tokens that came from verified drafts
     drafted_tokens: int = 0  # tokens drafted and checked, taken or not
     steps: int = 0  # forwards that gave the answer at least one token
+    thought_cut: bool = False  # the server closed the thought to leave the answer its room
 
     def timings(self) -> dict:
         return {
@@ -181,7 +192,7 @@ class Failed:
     error: ServiceError
 
 
-Event = Delta | Done | Failed
+Event = Thought | Delta | Done | Failed
 
 
 def new_request_id() -> str:

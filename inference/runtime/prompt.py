@@ -47,6 +47,8 @@ def shed_build_copies(tokenizer) -> None:
 # and \ue001, which tojson leaves as they are). A piece of this shape that is no placeholder
 # of the prompt is text like any other.
 PLACEHOLDERS = ("\x1e[0-9a-f]{16}\x1e", "\ue000[0-9a-f]{16}\ue001")
+# Where a thinking model (Qwen3) writes its thought: tokens of their own in its vocabulary.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class PromptBuilder:
@@ -73,8 +75,13 @@ class PromptBuilder:
         messages: list[dict],
         system: str | None = None,
         tools: tuple[Function, ...] | None = None,
+        think: bool | None = None,
     ) -> list[int]:
         """Token ids of the chat prompt, ready for the assistant's turn.
+
+        `think`: the template's `enable_thinking` (Qwen3's: False ends the prompt with an
+        empty thought, so the model answers at once); None leaves the template's default.
+        An earlier assistant turn's `reasoning_content` is rendered as the template does.
 
         `system` replaces the template's default system prompt and any system message given.
         The template is rendered with a private placeholder in place of each content; its
@@ -98,10 +105,18 @@ class PromptBuilder:
             marks: dict[str, str] = {}
             shown = [self._marked(m, marks) for m in tool_format.template_messages(messages)]
             extra = {"tools": self._json_marked([f.spec() for f in tools], marks)} if tools else {}
+            if think is not None:
+                extra["enable_thinking"] = think
             rendered = self._tokenizer.apply_chat_template(
                 shown, add_generation_prompt=True, tokenize=False, **extra
             )
             return self._ids(rendered, marks)
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the model writes thoughts between `<think>` and `</think>`, tokens of
+        their own (Qwen3's)."""
+        return THINK_OPEN in self._controls and THINK_CLOSE in self._controls
 
     @property
     def tags_are_tokens(self) -> bool:
@@ -129,10 +144,11 @@ class PromptBuilder:
         """The message with its content (when not empty) and its calls' arguments behind
         placeholders."""
         shown = dict(message)
-        if message["content"]:
-            mark = f"\x1e{secrets.token_hex(8)}\x1e"
-            marks[mark] = message["content"]
-            shown["content"] = mark
+        for key in ("content", "reasoning_content"):
+            if message.get(key):
+                mark = f"\x1e{secrets.token_hex(8)}\x1e"
+                marks[mark] = message[key]
+                shown[key] = mark
         if message.get("tool_calls"):
             shown["tool_calls"] = [
                 {**c, "function": self._json_marked(c["function"], marks)}

@@ -21,11 +21,16 @@ class FakeStream:
         self.completion_tokens = 0
         self.ttft_s = 0.0
         self.text = ""
+        self.thought = ""
         self.logprobs: list[TokenLogprob] = []
         self.error = None
 
     def take_text(self) -> str:
         text, self.text = self.text, ""
+        return text
+
+    def take_thought(self) -> str:
+        text, self.thought = self.thought, ""
         return text
 
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
@@ -34,7 +39,8 @@ class FakeStream:
 
 
 class FakeEngine:
-    """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops), one per `token_s`
+    """Emits words `w1 w2 ...` (or the pieces of `reply`, then stops; after the pieces of
+    `thought` as thought, when given), one per `token_s`
     seconds per step, whatever the number of streams in the step (a batch costs what one
     stream does); records the order jobs started in and the sampling each job got. With
     logprobs asked, each piece is a token of log-probability -0.5, its alternatives the
@@ -51,9 +57,11 @@ class FakeEngine:
         reply: list[str] | None = None,
         prefill_token_s: float = 0.0,
         bytes_per_token: int = 0,
+        thought: list[str] | None = None,
     ):
         self.token_s = token_s
         self.reply = reply
+        self.thought = thought or []
         self.fail_on = fail_on
         self.prefill_s = prefill_s  # an uninterruptible pause before the first token
         self.prefill_token_s = prefill_token_s  # more of it per prompt token
@@ -94,11 +102,15 @@ class FakeEngine:
             stream.completion_tokens += 1
             made = stream.completion_tokens
             stream.ttft_s = stream.ttft_s or time.monotonic() - stream.opened
-            piece = f"w{made} " if self.reply is None else self.reply[made - 1]
-            stream.text += piece
-            if stream.sampling.logprobs:
-                stream.logprobs.append(fake_logprob(piece, stream.sampling.top_logprobs))
-            if self.reply is not None and made == len(self.reply):
+            answered = made - len(self.thought)  # answer tokens so far
+            if answered <= 0:
+                stream.thought += self.thought[made - 1]
+            else:
+                piece = f"w{answered} " if self.reply is None else self.reply[answered - 1]
+                stream.text += piece
+                if stream.sampling.logprobs:
+                    stream.logprobs.append(fake_logprob(piece, stream.sampling.top_logprobs))
+            if self.reply is not None and answered == len(self.reply):
                 stream.finish = "stop"
             elif made >= stream.sampling.max_tokens:
                 stream.finish = "length"
@@ -139,7 +151,8 @@ class FakePrompts(PromptBuilder):
     def __init__(self, context_tokens: int = 4096, max_prompt_tokens: int | None = None):
         super().__init__(CodePoints(), context_tokens, max_prompt_tokens)
 
-    def encode(self, messages, system=None, tools=None):
+    def encode(self, messages, system=None, tools=None, think=None):
+        self.think = think  # the switch the last prompt was rendered with
         return [ord(c) for c in messages[-1]["content"]]
 
     def encode_text(self, text: str) -> list[int]:

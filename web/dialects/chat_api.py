@@ -30,9 +30,9 @@ from web.relay import Call, sse_frame
 from web.runtime import Runtime
 
 FIELDS = {"message", "messages", "system", "max_tokens", "stream", "stop", "format"}
-FIELDS |= {"tools", "tool_choice", "parallel_tool_calls"}
+FIELDS |= {"tools", "tool_choice", "parallel_tool_calls", "think"}
 FIELDS |= validation.SAMPLING_FIELDS
-MESSAGE_KEYS = {"user": set(), "system": set(), "assistant": {"tool_calls"}}
+MESSAGE_KEYS = {"user": set(), "system": set(), "assistant": {"tool_calls", "reasoning"}}
 MESSAGE_KEYS["tool"] = {"tool_call_id"}
 
 
@@ -74,13 +74,16 @@ def _message(m, where: str) -> dict:
             f"{where} must be an object with 'role' and 'content'", param="messages"
         )
     role, content = m["role"], m.get("content")
+    thought = {}
+    if "reasoning" in m:  # an earlier answer's thought, sent back
+        thought = {"reasoning_content": validation.reasoning(m["reasoning"], f"{where}.reasoning")}
     if calls is not None:
         text = (
             ""
             if content in (None, "")
             else validation.text(content, f"{where}.content", "messages")
         )
-        return {"role": role, "content": text, "tool_calls": _calls(calls, where)}
+        return {"role": role, "content": text, "tool_calls": _calls(calls, where), **thought}
     if role == "tool":
         call_id = tools.call_id(m.get("tool_call_id"), f"{where}.tool_call_id")
         return {
@@ -88,7 +91,8 @@ def _message(m, where: str) -> dict:
             "content": tools.result(content, f"{where}.content"),
             "tool_call_id": call_id,
         }
-    return {"role": role, "content": validation.text(content, f"{where}.content", "messages")}
+    text = validation.text(content, f"{where}.content", "messages")
+    return {"role": role, "content": text, **thought}
 
 
 def _calls(raw, where: str) -> list[dict]:
@@ -149,12 +153,15 @@ def parse_chat_request(body) -> ChatRequest:
         stop=validation.stop(body),
         json=schema,
         tools=tool_use,
+        think=validation.think(body.get("think"), "think"),
         **validation.sampling(body),
     )
 
 
 def _done_fields(done: Done) -> dict:
+    cut = {"thought_cut": True} if done.thought_cut else {}
     return {
+        **cut,
         "finish_reason": done.finish_reason,
         "usage": {
             "prompt_tokens": done.usage.prompt_tokens,
@@ -173,7 +180,8 @@ def _logprobs(entries) -> list[dict]:
 
 
 class ChatStream:
-    """`data: {"id", "delta"}` per piece of text (with `logprobs` when asked: the entries of
+    """`data: {"id", "reasoning"}` per piece of a thinking model's thought, `data: {"id",
+    "delta"}` per piece of text (with `logprobs` when asked: the entries of
     the tokens picked since the last event), `{"id", "tool_call": {"index", "id", "name",
     "arguments"}}` per call once it is whole, then `{"done": true, ...}` or `event: error`."""
 
@@ -185,6 +193,9 @@ class ChatStream:
 
     def begin(self, first) -> list[str]:
         return []
+
+    def thought(self, text: str) -> list[str]:
+        return [sse_frame({"id": self.request_id, "reasoning": text})]
 
     def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
         event = {"id": self.request_id, "delta": text}
@@ -220,6 +231,8 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         answer = relay.collect(relayed, g.log)
         whole = [_tool_call(c) for c in answer.calls if c.complete]  # one cut short: left out
         body = {"id": job.id, "model": runtime.model_name, "response": answer.text}
+        if answer.thought:
+            body["reasoning"] = answer.thought
         if whole:
             body["tool_calls"] = whole
         if chat_request.logprobs:

@@ -91,8 +91,9 @@ def _tool_call(call: Call, index: int) -> dict:
 
 
 class AnswerLines:
-    """One JSON line per piece of text ({"model", "created_at", "message": {"role",
-    "content"}, "done": false} on /api/chat, "response" in place of "message" on
+    """One JSON line per piece of a thought (`message.thinking` on /api/chat, `thinking` on
+    /api/generate, as Ollama) and per piece of text ({"model", "created_at", "message":
+    {"role", "content"}, "done": false} on /api/chat, "response" in place of "message" on
     /api/generate; with `logprobs`, the entries of the tokens picked since the last line),
     one per call once it is whole (`message.tool_calls`), then the done line; an error after
     the first line is a line {"error"}, then the end."""
@@ -113,6 +114,11 @@ class AnswerLines:
 
     def begin(self, first) -> list[str]:
         return []
+
+    def thought(self, text: str) -> list[str]:
+        if self.chat:
+            return self._line("", message={"thinking": text}, done=False)
+        return self._line("", thinking=text, done=False)
 
     def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
         extra = {"logprobs": [e.as_dict() for e in logprobs]} if self.logprobs else {}
@@ -194,12 +200,16 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         whole = relay.collect(relayed, g.log)
         if chat:
             message = {"role": "assistant", "content": whole.text}
+            if whole.thought:
+                message["thinking"] = whole.thought
             calls = [_tool_call(c, i) for i, c in enumerate(whole.calls) if c.complete]
             if calls:  # one cut short by num_predict or a stop string: left out
                 message["tool_calls"] = calls
             part = {"message": message}
         else:
             part = {"response": whole.text}
+            if whole.thought:
+                part["thinking"] = whole.thought
         body = {"model": model, "created_at": _now(), **part, **_done_fields(whole.done)}
         if chat_request.logprobs:
             body["logprobs"] = [entry.as_dict() for entry in whole.logprobs]

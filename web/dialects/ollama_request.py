@@ -46,15 +46,15 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "tools"}
 GENERATE_FIELDS = COMMON_FIELDS | {"prompt", "system", "raw", "images", "suffix", "template"}
 GENERATE_FIELDS |= {"context"}
 # Fields we take no action on, and the values under which that is what Ollama does with a
-# text model: no thinking, no fill-in-the-middle, no template of the request's own, no
-# context carried over from an earlier /api/generate.
+# text model: no fill-in-the-middle, no template of the request's own, no context carried
+# over from an earlier /api/generate.
 NO_OPS: dict[str, tuple] = {
-    "think": (None, False),
     "suffix": (None, ""),
     "template": (None, ""),
     "context": (None, []),
 }
 ROLES = ("system", "user", "assistant", "tool")
+THINK_LEVELS = ("low", "medium", "high")  # Ollama's levels (gpt-oss'): here all mean on
 MESSAGE_KEYS = {"role", "content", "images", "thinking"}
 ROLE_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_name"}}
 
@@ -74,6 +74,17 @@ def _keep_alive(value) -> None:
             "'keep_alive' must be a duration (\"5m\", a number of seconds, or -1)",
             param="keep_alive",
         )
+
+
+def _think(value) -> bool | None:
+    """`think`: true, false, or a level (on)."""
+    if value in THINK_LEVELS:
+        return True
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(
+            f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}", param="think"
+        )
+    return value
 
 
 def _options(value) -> dict:
@@ -132,6 +143,7 @@ def _common(body, fields: set[str]) -> dict:
         "json": _format(body.get("format")),
         "max_tokens": _num_predict(options),
         "stop": validation.stop(options, "options.stop"),
+        "think": _think(body.get("think")),
         **_sampling(body, options),
     }
 
@@ -176,7 +188,11 @@ def _message(m, where: str, turn: int) -> dict:
     if unknown:
         raise InvalidRequest(f"{where} has an unknown key {shown(unknown[0])}", param="messages")
     _no_images(m.get("images"), f"{where}.images")
-    validation.check_no_op(f"{where}.thinking", m.get("thinking"), (None, ""))
+    thought = {}
+    if m.get("thinking") not in (None, "") and role == "assistant":  # an answer's, sent back
+        thought = {"reasoning_content": validation.reasoning(m["thinking"], f"{where}.thinking")}
+    else:
+        validation.check_no_op(f"{where}.thinking", m.get("thinking"), (None, ""))
     content, calls = m.get("content"), m.get("tool_calls")
     if calls:
         text = (
@@ -184,10 +200,11 @@ def _message(m, where: str, turn: int) -> dict:
             if content in (None, "")
             else validation.text(content, f"{where}.content", "messages")
         )
-        return {"role": role, "content": text, "tool_calls": _calls(calls, where, turn)}
+        return {"role": role, "content": text, "tool_calls": _calls(calls, where, turn), **thought}
     if role == "tool":
         return {"role": role, "content": tools.result(content or "", f"{where}.content")}
-    return {"role": role, "content": validation.text(content, f"{where}.content", "messages")}
+    text = validation.text(content, f"{where}.content", "messages")
+    return {"role": role, "content": text, **thought}
 
 
 def _messages(raw) -> list[dict]:

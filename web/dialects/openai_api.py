@@ -50,6 +50,12 @@ def _tool_calls(calls: list[Call]) -> list[dict]:
     ]
 
 
+def _reasoning(text: str) -> dict:
+    """A thought under both names clients read: vLLM's and DeepSeek's `reasoning_content`,
+    and `reasoning` (llama-server's and OpenRouter's, vLLM's newer one)."""
+    return {"reasoning_content": text, "reasoning": text}
+
+
 def logprobs_of(entries, asked: bool) -> dict | None:
     """A choice's `logprobs`: null unless asked, else {"content": [entries], "refusal": null}."""
     if not asked:
@@ -58,7 +64,8 @@ def logprobs_of(entries, asked: bool) -> dict | None:
 
 
 class CompletionStream:
-    """chat.completion.chunk events: the role, content deltas (with logprobs when asked: the
+    """chat.completion.chunk events: the role, a thinking model's thought as
+    `reasoning_content` and `reasoning` deltas, content deltas (with logprobs when asked: the
     entries of the tokens picked since the last chunk) or tool_calls deltas (a call's first
     with its id, type, name and empty arguments, then pieces of its arguments, by `index`, as
     OpenAI sends them), the finish reason, with include_usage a usage chunk, then
@@ -95,6 +102,9 @@ class CompletionStream:
         content = None if isinstance(first, CallStart) else ""  # null before calls, as OpenAI
         return [self._chunk({"role": "assistant", "content": content})]
 
+    def thought(self, text: str) -> list[str]:
+        return [self._chunk(_reasoning(text))]
+
     def delta(self, text: str, logprobs: tuple = ()) -> list[str]:
         return [self._chunk({"content": text}, logprobs=logprobs_of(logprobs, self.logprobs))]
 
@@ -109,7 +119,8 @@ class CompletionStream:
         return [self._chunk({"tool_calls": [entry]})]
 
     def done(self, done: Done) -> list[str]:
-        frames = [self._chunk({}, done.finish_reason, timings=done.timings())]
+        cut = {"thought_cut": True} if done.thought_cut else {}
+        frames = [self._chunk({}, done.finish_reason, timings=done.timings(), **cut)]
         if self.include_usage:
             frames.append(sse_frame({**self.head, "choices": [], "usage": _usage(done)}))
         return [*frames, sse_frame("[DONE]")]
@@ -145,6 +156,8 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         forced = chat_request.tools is not None and chat_request.tools.forced
         content = answer.text if (answer.text or not answer.calls) and not forced else None
         message = {"role": "assistant", "content": content}
+        if answer.thought:
+            message.update(_reasoning(answer.thought))
         if answer.calls:
             message["tool_calls"] = _tool_calls(answer.calls)
         choice = {
@@ -162,6 +175,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
                 "choices": [choice],
                 "usage": _usage(answer.done),
                 "timings": answer.done.timings(),
+                **({"thought_cut": True} if answer.done.thought_cut else {}),
             }
         )
 

@@ -45,10 +45,15 @@ MESSAGE_NO_OPS: dict[str, tuple] = {
 # own parse of the content and of each call's arguments, a streamed call's index): an agent
 # loop sends such a message back as it is. Client-side data; read past.
 CLIENT_ECHOES = {"parsed"}
+THOUGHT_KEYS = {"reasoning_content", "reasoning"}  # an assistant turn's thought, sent back
 CALL_ECHOES = {"index"}
 FUNCTION_ECHOES = {"parsed_arguments"}
+# reasoning_effort: "none" turns a thinking model's thought off, any other level on (this
+# server has no levels between).
+EFFORTS = ("none", "minimal", "low", "medium", "high")
 IMPLEMENTED = {
     *("messages", "model", "max_tokens", "max_completion_tokens"),
+    *("reasoning_effort", "chat_template_kwargs"),
     *("stop", "stream", "stream_options", "response_format", "logit_bias"),
     *("tools", "tool_choice", "parallel_tool_calls"),
     *validation.SAMPLING_FIELDS,
@@ -104,19 +109,54 @@ def _message(m, where: str) -> dict:
             f"{where}.role {shown(m['role'])} is not one of {', '.join(ROLES)}", param="messages"
         )
     own = {"tool_calls"} if calls else {"tool_call_id"} if role == "tool" else set()
+    own |= THOUGHT_KEYS if role == "assistant" else set()
     for key in set(m) - {"role", "content"} - own - CLIENT_ECHOES:
         if key not in MESSAGE_NO_OPS:
             raise InvalidRequest(f"{where} has an unknown key {shown(key)}", param="messages")
         validation.check_no_op(f"{where}.{key}", m[key], MESSAGE_NO_OPS[key])
     content = m.get("content")
+    thought = _thought(m, where)
     if calls:
         text = "" if content in (None, "") else _content(content, f"{where}.content")
-        return {"role": role, "content": text, "tool_calls": _calls(calls, where)}
+        return {"role": role, "content": text, "tool_calls": _calls(calls, where), **thought}
     if role == "tool":
         text = "" if content == "" else _content(content, f"{where}.content")
         call_id = tools.call_id(m.get("tool_call_id"), f"{where}.tool_call_id")
         return {"role": role, "content": text, "tool_call_id": call_id}
-    return {"role": role, "content": _content(content, f"{where}.content")}
+    return {"role": role, "content": _content(content, f"{where}.content"), **thought}
+
+
+def _thought(m: dict, where: str) -> dict:
+    """An earlier answer's thought sent back (`reasoning_content`, or `reasoning`), as the
+    template reads it."""
+    for key in sorted(THOUGHT_KEYS & set(m)):
+        if m[key] is not None:
+            return {"reasoning_content": validation.reasoning(m[key], f"{where}.{key}")}
+    return {}
+
+
+def _think(body: dict) -> dict:
+    """The thinking switch, as ChatRequest's fields: `chat_template_kwargs.enable_thinking`
+    (vLLM's and llama-server's), else `reasoning_effort` ("none": off; a hint, which a model
+    that does not think ignores)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
+            raise InvalidRequest(
+                "'chat_template_kwargs' may hold only 'enable_thinking' (true or false)",
+                param="chat_template_kwargs",
+            )
+        switch = validation.think(kwargs.get("enable_thinking"), "chat_template_kwargs")
+        if switch is not None:
+            return {"think": switch, "think_param": "chat_template_kwargs"}
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise InvalidRequest(
+            f"'reasoning_effort' must be one of {', '.join(EFFORTS)}", param="reasoning_effort"
+        )
+    return {"think": effort != "none", "think_param": None}
 
 
 def _calls(raw, where: str) -> list[dict]:
@@ -268,6 +308,7 @@ def parse_completion_request(body) -> tuple[ChatRequest, bool]:
         json=schema,
         tools=tool_use,
         logit_bias=_logit_bias(body.get("logit_bias")),
+        **_think(body),
         **validation.sampling(body),  # left out: the served defaults, as on /chat
     )
     return chat_request, include_usage

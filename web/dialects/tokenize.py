@@ -24,12 +24,12 @@ from web.runtime import Runtime
 MAX_TOKENS_TO_DETOKENIZE = 1 << 16
 
 
-def _prompt_ids(body: dict, parse, runtime: Runtime) -> list[int]:
+def _prompt_ids(body: dict, parse, config: Config, runtime: Runtime) -> list[int]:
     if isinstance(body, dict) and "prompt" in body:
         body = validation.known_fields(body, {"prompt"})
         text = validation.text(body["prompt"], "'prompt'", "prompt")
         return runtime.prompts.encode_text(text)
-    return relay.prepare(parse(body), runtime)[0]  # refused as its chat route refuses
+    return relay.prepare(parse(body), config, runtime)[0]  # refused as its chat route refuses
 
 
 def _token_ids(body, vocabulary: int) -> list[int]:
@@ -57,7 +57,7 @@ def blueprint(config: Config, runtime: Runtime) -> Blueprint:
         return checked_json.parse_body(request.get_data(cache=False))
 
     def tokenize(parse):
-        ids = _prompt_ids(ready(), parse, runtime)
+        ids = _prompt_ids(ready(), parse, config, runtime)
         prompts = runtime.prompts
         return jsonify(
             {

@@ -81,6 +81,10 @@ class ChatRequest:
     # A prompt as the model reads it, template and all (Ollama's `raw`): then `messages` is
     # only its record and `system` is None.
     raw: str | None = None
+    think: bool | None = None  # a thinking model's switch (Qwen3's); None: --thinking
+    # The field that asked for a thought, named when the model does not think; None: a hint
+    # that such a model ignores (reasoning_effort).
+    think_param: str | None = "think"
 
 
 def is_int(value) -> bool:
@@ -221,6 +225,20 @@ def stop(body: dict, name: str = "stop") -> tuple[str, ...]:
                 param=name,
             )
     return tuple(value)
+
+
+def think(value, name: str) -> bool | None:
+    """A thinking switch: true, false, or left out (None: the server's --thinking)."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false", param=name)
+    return value
+
+
+def reasoning(value, where: str) -> str:
+    """An earlier assistant turn's thought, sent back: text, which may be empty."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where} must be a string", param="messages")
+    return value
 
 
 def _same(a, b) -> bool:
