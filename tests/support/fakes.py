@@ -151,6 +151,8 @@ class FakePrompts(PromptBuilder):
     def __init__(self, context_tokens: int = 4096, max_prompt_tokens: int | None = None):
         super().__init__(CodePoints(), context_tokens, max_prompt_tokens)
 
+    thinks = False  # a test sets it to stand for a thinking model
+
     def encode(self, messages, system=None, tools=None, think=None):
         self.think = think  # the switch the last prompt was rendered with
         return [ord(c) for c in messages[-1]["content"]]
