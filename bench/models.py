@@ -1,6 +1,7 @@
 """Which model folder a bench runs on: 'embedded' (SmolLM2-135M), a Qwen shape ('qwen-shape'
-for Qwen2.5-0.5B, 'qwen-shape-1.5b', 'qwen-shape-3b': random weights, built once into the
-cache) or a folder given."""
+for Qwen2.5-0.5B, 'qwen-shape-1.5b', 'qwen-shape-3b', 'qwen3-shape' for Qwen3-0.6B,
+'qwen3-shape-1.7b', 'qwen3-shape-4b': random weights, built once into the cache) or a folder
+given."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 from bench.qwen_shape import SHAPES
 
 MODEL_HELP = (
-    "a model folder, 'embedded' (SmolLM2-135M) or a Qwen2.5 shape with random weights, built "
-    "once into the cache: " + ", ".join(SHAPES) + " (0.5B, 1.5B, 3B)"
+    "a model folder, 'embedded' (SmolLM2-135M) or a Qwen shape with random weights, built "
+    "once into the cache: " + ", ".join(SHAPES) + " (Qwen2.5 0.5B, 1.5B, 3B; Qwen3 0.6B, "
+    "1.7B, 4B)"
 )
 
 
@@ -22,7 +24,7 @@ def resolve_model(spec: str, cache_dir: Path, fixture: str | None) -> Path:
     if spec in SHAPES:
         from bench.qwen_shape import fixture_dir, qwen_shape_dir
 
-        return qwen_shape_dir(cache_dir, fixture_dir(fixture), spec)
+        return qwen_shape_dir(cache_dir, fixture_dir(fixture, spec), spec)
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise SystemExit(f"--model {spec}: not a Hugging Face model folder (no config.json)")

@@ -1,10 +1,12 @@
-"""The Qwen2.5-Instruct shapes (0.5B, 1.5B, 3B) with random weights, built once into the cache.
+"""The Qwen2.5-Instruct shapes (0.5B, 1.5B, 3B) and the Qwen3 shapes (0.6B, 1.7B, 4B) with
+random weights, built once into the cache.
 
-Built from the shared fixture (tokenizer and config of the real 0.5B model, no weights; see
-its NOTICE.md), never from files in this repository: the fixture stays where it is. The
-bigger shapes are the 0.5B config with the published sizes of Qwen2.5-1.5B and -3B put in
-(both tie their embeddings, as the 0.5B does), so a bench can see how the gap to a peer
-moves with the model's size; same tokenizer, same seeded random init.
+Built from the shared fixtures (tokenizer, chat template and config of the real Qwen2.5-0.5B
+and Qwen3-0.6B, no weights; see their NOTICE.md), never from files in this repository: the
+fixtures stay where they are. The bigger shapes are the small one's config with the published
+sizes of the bigger model put in (all tie their embeddings, as the small ones do), so a bench
+can see how the gap to a peer moves with the model's size; same tokenizer, same seeded
+random init.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-FIXTURE_ENV = "DESKCHAT_QWEN_FIXTURE"
+FIXTURE_ENV = "DESKCHAT_QWEN_FIXTURE"  # the Qwen2.5 fixture's folder
+QWEN3_FIXTURE_ENV = "DESKCHAT_QWEN3_FIXTURE"  # the Qwen3 fixture's
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURE = REPO_ROOT.parent / "shared" / "fixtures" / "qwen2.5-0.5b-instruct"
+DEFAULT_QWEN3_FIXTURE = REPO_ROOT.parent / "shared" / "fixtures" / "qwen3-0.6b"
 SEED = 0
 _DONE_MARK = ".built"
 # --model name -> what it changes in the fixture's (0.5B) config; the rest stays the fixture's.
-SHAPES: dict[str, dict[str, int]] = {
+SHAPES: dict[str, dict] = {
     "qwen-shape": {},
     "qwen-shape-1.5b": {
         "hidden_size": 1536,
@@ -36,6 +40,23 @@ SHAPES: dict[str, dict[str, int]] = {
         "num_attention_heads": 16,
         "num_key_value_heads": 2,
     },
+    # Qwen3-1.7B's and -4B's published config.json (the 4B's rope_theta is the 2507 releases')
+    "qwen3-shape": {},
+    "qwen3-shape-1.7b": {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+    },
+    "qwen3-shape-4b": {
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000},
+    },
 }
 
 
@@ -43,9 +64,14 @@ class FixtureMissing(RuntimeError):
     """The Qwen shape fixture is not where the bench was told to look."""
 
 
-def fixture_dir(given: str | None = None) -> Path:
-    """--fixture, else $DESKCHAT_QWEN_FIXTURE, else ../shared/fixtures/... next to the repo."""
-    return Path(given or os.environ.get(FIXTURE_ENV) or DEFAULT_FIXTURE).expanduser()
+def fixture_dir(given: str | None = None, shape: str = "qwen-shape") -> Path:
+    """--fixture, else $DESKCHAT_QWEN_FIXTURE (a Qwen2.5 shape) or $DESKCHAT_QWEN3_FIXTURE (a
+    Qwen3 shape), else ../shared/fixtures/... next to the repo."""
+    if shape.startswith("qwen3"):
+        default = os.environ.get(QWEN3_FIXTURE_ENV) or DEFAULT_QWEN3_FIXTURE
+    else:
+        default = os.environ.get(FIXTURE_ENV) or DEFAULT_FIXTURE
+    return Path(given or default).expanduser()
 
 
 def shape_config(fixture: Path, name: str = "qwen-shape"):
@@ -69,8 +95,8 @@ def qwen_shape_dir(cache_dir: Path, fixture: Path, name: str = "qwen-shape") -> 
         return target
     if not (fixture / "config.json").is_file():
         raise FixtureMissing(
-            f"the Qwen2.5 shape fixture is not at {fixture} (no config.json there); "
-            f"pass --fixture DIR or set {FIXTURE_ENV}"
+            f"the {name} fixture is not at {fixture} (no config.json there); pass --fixture "
+            f"DIR or set {QWEN3_FIXTURE_ENV if name.startswith('qwen3') else FIXTURE_ENV}"
         )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
