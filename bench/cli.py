@@ -24,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fixture",
         default=None,
-        help="Qwen shape fixture folder [env DESKCHAT_QWEN_FIXTURE; default "
-        "../shared/fixtures/qwen2.5-0.5b-instruct next to the repo]",
+        help="Qwen shape fixture folder [env DESKCHAT_QWEN_FIXTURE, or DESKCHAT_QWEN3_FIXTURE "
+        "for a qwen3 shape; default ../shared/fixtures/qwen2.5-0.5b-instruct or qwen3-0.6b "
+        "next to the repo]",
     )
     parser.add_argument("--rounds", type=int, default=3, help="passes over the prompt set")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
