@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Thought, Usage
+from inference.runtime.thought import answer_room
 from service.errors import Internal, ServiceError, Timeout, fault_summary
 from service.log_text import printable
 
 log = logging.getLogger("deskchat.worker")
 
+THOUGHT_SLACK = 1.5  # a step's time varies: the answer's room is kept with this to spare
 MAX_PARAM_IN_LOG = 120  # characters of a request field's path in a log line
 FIRST_GUESS_S = 5.0  # a job's time until one has been measured (the warm-up replaces it)
 JOB_TIME_WEIGHT = 0.2  # weight of the newest measured job in the running average
@@ -114,7 +116,9 @@ class Batch:
         return True
 
     def settle(self, engine: EngineLike) -> None:
-        """After a step: each job's new text goes out; the finished and the failed leave."""
+        """After a step: each job's new text goes out; the finished and the failed leave; a
+        thought that would leave its answer no time before the deadline is closed."""
+        self._close_late_thoughts(engine)
         for entry in list(self.entries):
             if entry.stream.error is not None:
                 self.leave(engine, entry, own_failure(entry.job, entry.stream.error, "its step"))
@@ -125,6 +129,22 @@ class Batch:
                     self._finish(engine, entry)  # its held-back text is detokenized here
                 except Exception as exc:
                     self.leave(engine, entry, own_failure(entry.job, exc, "its finish"))
+
+    def _close_late_thoughts(self, engine: EngineLike) -> None:
+        """At the last forward's pace, the answer's room (thought.answer_room tokens, one at
+        least) must still fit before the job's deadline, with THOUGHT_SLACK to spare: a
+        thought past that point is closed by the server at its next token."""
+        last = getattr(engine, "last_forward", None)
+        if not last:
+            return
+        now = time.monotonic()
+        for entry in self.entries:
+            split = getattr(entry.stream, "split", None)
+            if split is None or not split.thinking:
+                continue
+            room = max(answer_room(entry.stream.budget), 1)
+            if entry.job.deadline - now < room * last[1] * THOUGHT_SLACK:
+                split.close_soon()
 
     def _finish(self, engine: EngineLike, entry: Running) -> None:
         job = entry.job

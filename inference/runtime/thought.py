@@ -64,6 +64,10 @@ class ThoughtSplit:
             return self.close_id
         return None
 
+    def close_soon(self) -> None:
+        """Close the thought at the next token (its deadline nears: Batch.settle)."""
+        self.limit = min(self.limit, self.tokens)
+
     def take(self, token: int) -> tuple[bool, str]:
         """(whether `token` is the thought's, a marker included; the thought text it lets
         out)."""

@@ -143,3 +143,28 @@ def test_the_switch_and_an_earlier_thought_reach_the_template(tokenizer):
     assert "<think>\n<|im_start|>x\n</think>\n\nParis." in rendered
     control = templated.convert_tokens_to_ids("<|im_start|>")
     assert prompts.encode([*history, *ask]).count(control) == 4  # the thought's own is text
+
+
+@pytest.mark.parametrize("timeout_s, closed", [(100.0, False), (1.0, True)])
+def test_a_thought_that_would_leave_its_answer_no_time_is_closed(tokenizer, timeout_s, closed):
+    """At 50 ms a forward, the answer's room of 50 tokens needs 2.5 s (3.75 with the slack):
+    a job with 1 s left closes its thought at the next token, one with 100 s goes on."""
+    import threading
+    import time
+
+    from inference.runtime.batch import Batch, Running
+    from inference.runtime.jobs import Job
+
+    open_, close = think_markers(tokenizer)
+    stream = stream_for(tokenizer, ids(tokenizer, "Q"), budget=200)
+    run(tokenizer, stream, [open_, *ids(tokenizer, " hm")])
+    assert stream.split.thinking and stream.split.forced() is None
+    batch = Batch(threading.Condition())
+    job = Job(stream.prompt_ids, stream.sampling, timeout_s=timeout_s)
+    batch.entries.append(Running(job, stream, time.monotonic(), 0))
+
+    class Paced:
+        last_forward = (1, 0.05)
+
+    batch.settle(Paced())
+    assert (stream.split.forced() == close) is closed
