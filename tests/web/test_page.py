@@ -326,3 +326,23 @@ def test_a_key_is_asked_for_and_kept(browser, fake_server):
     answer = finished_answer(browser, 1, 10)
     assert body_text(answer).startswith("w1")
     assert not browser.find_element(By.ID, "key-dialog").is_displayed()
+
+
+def test_a_thought_is_shown_collapsed_above_its_answer(browser, fake_server, tmp_path):
+    """Issue 63: a thinking model's thought (scripted here) is never in the answer's text:
+    it sits above it, closed, and a click opens it; model text stays text there too."""
+    thought = ["The user asks ", "for a <b>capital</b>.", "\nIt is Paris."]
+    server = fake_server(FakeEngine(token_s=0.01, thought=thought, reply=["Paris", "."]))
+    server.runtime.prompts.thinks = True
+    browser.get(server.url + "/")
+    ask(browser, "Capital of France?")
+    answer = finished_answer(browser, 1, 10)
+    assert body_text(answer) == "Paris."
+    box = answer.find_element(By.CSS_SELECTOR, "details.thought")
+    assert box.get_attribute("open") is None  # collapsed
+    assert answer.find_elements(By.TAG_NAME, "b") == []
+    box.find_element(By.TAG_NAME, "summary").click()
+    wait_for(browser, lambda _: box.get_attribute("open") is not None, 5)
+    shown = box.find_element(By.TAG_NAME, "div").text
+    assert shown == "".join(thought)
+    screenshot(browser, tmp_path, "chat-page-thought.png")

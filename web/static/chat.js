@@ -81,6 +81,20 @@ function addMessage(role, text) {
   return { item, body, meta, text };
 }
 
+// A thinking model's thought: collapsed above its answer (a click opens it), as text.
+function showThought(answer, text) {
+  if (!answer.thought) {
+    const box = document.createElement("details");
+    box.className = "thought";
+    const summary = document.createElement("summary");
+    summary.textContent = "Thought";
+    answer.thought = document.createElement("div");
+    box.append(summary, answer.thought);
+    answer.item.insertBefore(box, answer.body);
+  }
+  answer.thought.textContent = text;
+}
+
 function setRunning(controller) {
   running = controller;
   sendButton.disabled = controller !== null;
@@ -159,6 +173,7 @@ async function readStream(response, answer) {
   const decoder = new TextDecoder();
   let buffer = "";
   const result = { model: null, finish: null, timings: null, usage: null };
+  let thought = "";
   let pending = false;
   const paint = () => {
     pending = false;
@@ -186,6 +201,10 @@ async function readStream(response, answer) {
       if (chunk.usage) result.usage = chunk.usage;
       const choice = chunk.choices && chunk.choices[0];
       if (!choice) continue;
+      if (choice.delta && choice.delta.reasoning_content) {
+        thought += choice.delta.reasoning_content;
+        showThought(answer, thought);
+      }
       if (choice.delta && choice.delta.content) {
         answer.text += choice.delta.content;
         if (!pending) {
