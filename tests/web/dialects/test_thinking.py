@@ -174,3 +174,29 @@ def test_reasoning_effort_is_a_hint_a_model_that_does_not_think_ignores(fake_ser
 def test_a_bad_switch_is_a_400(fake_server, route, fields):
     server = thinking_server(fake_server)
     assert request(server.url, "POST", route, {**BODIES[route], **fields}).status == 400
+
+
+def test_the_official_clients_read_the_thought(fake_server):
+    """openai (its `reasoning_content`, an extra field) and ollama (`message.thinking`, a
+    field of its own since 0.5), whole and streamed."""
+    import ollama
+    import openai
+
+    server = thinking_server(fake_server)
+    thought, answer = "".join(THOUGHT), "".join(REPLY)
+    on = {"chat_template_kwargs": {"enable_thinking": True}}
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    message = oa.chat.completions.create(model="m", messages=ASK, extra_body=on).choices[0].message
+    assert message.content == answer and message.model_extra["reasoning_content"] == thought
+    chunks = list(oa.chat.completions.create(model="m", messages=ASK, extra_body=on, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == answer
+    ol = ollama.Client(host=server.url)
+    whole = ol.chat(model="m", messages=ASK, think=True)
+    assert (whole.message.thinking, whole.message.content) == (thought, answer)
+    parts = list(ol.chat(model="m", messages=ASK, think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == thought
+    assert "".join(p.message.content or "" for p in parts) == answer
+    generated = ol.generate(model="m", prompt="Capital of France?", think=True)
+    assert (generated.thinking, generated.response) == (thought, answer)
