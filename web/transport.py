@@ -31,7 +31,13 @@ import time
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
-from waitress.parser import HTTPRequestParser, TransferEncodingNotImplemented
+from waitress.parser import (
+    HTTPRequestParser,
+    ParsingError,
+    TransferEncodingNotImplemented,
+    crack_first_line,
+    split_uri,
+)
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest, Error
@@ -77,9 +83,7 @@ class JsonErrorTask(ErrorTask):
     def execute(self):
         error = self.request.error
         refusal = Refused(error.reason, error.body, error.code)
-        # a request whose headers never ended has no method or path yet
-        method = getattr(self.request, "command", None) or ""
-        path = getattr(self.request, "path", None) or ""
+        method, path = _asked(self.request)
         # The app counts it like any other request and shapes it in the path's dialect.
         body = json.dumps(self.channel.server.refused(method, path, refusal))
         self.status = f"{error.code} {error.reason}"
@@ -89,6 +93,21 @@ class JsonErrorTask(ErrorTask):
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body.encode())
+
+
+def _asked(request) -> tuple[str, str]:
+    """The method and path a refused request asked for, for its answer's dialect: read from
+    its request line even when a header after it was refused (waitress reads the headers
+    before it sets them); empty when the line never came whole or cannot be read."""
+    method, path = request.command or "", request.path or ""
+    first = getattr(request, "first_line", None)
+    if path or not first:
+        return method, path
+    try:
+        command, uri, _ = crack_first_line(first)
+        return command.decode("latin-1"), split_uri(uri)[2]
+    except (ParsingError, UnicodeError, ValueError):
+        return method, path
 
 
 class StrictRequestParser(HTTPRequestParser):

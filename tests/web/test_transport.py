@@ -229,3 +229,21 @@ def test_a_client_gone_before_its_refusal_is_answered_leaves_no_traceback(fake_s
     time.sleep(0.5)
     assert request(server.url, "GET", "/health").status == 200
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/chat"])
+def test_a_refused_header_is_answered_in_its_paths_dialect(fake_server, path):
+    """waitress refuses a malformed header line before it reads the request line into a
+    path: the path is read from the line itself (found by fuzzing: /v1 and /api answered in
+    /chat's shape)."""
+    server = fake_server()
+    data = f"POST {path} HTTP/1.1\r\nHost: x\r\nBad Header\r\nContent-Length: 2\r\n\r\n{{}}"
+    head, body, _ = exchange(server.url, data.encode())
+    assert head.split(b" ")[1] == b"400", head
+    error = json.loads(body)["error"]
+    if path.startswith("/api/"):
+        assert isinstance(error, str) and error
+    elif path.startswith("/v1/"):
+        assert error["code"] == "invalid_request" and "param" in error
+    else:
+        assert error["code"] == 400 and error["type"] == "invalid_request"
