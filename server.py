@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(argv)
         handler = logging.StreamHandler()
         handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+        logging.basicConfig(level=config.log_level.upper(), handlers=[handler], force=True)
         # First the CPU split and the slice: every thread started from here on (the HTTP
         # threads, the inference thread, the native step's pool) inherits them.
         config, pinning = _pinning(config)

@@ -27,9 +27,20 @@ def printable(text: str, limit: int | None = 200) -> str:
 
 class OneLineFormatter(logging.Formatter):
     """logging's formatter, with the message escaped by printable(): a value some code logs
-    without escaping still cannot start a line of its own. A traceback, appended after the
-    message, keeps its lines."""
+    without escaping still cannot start a line of its own. A traceback (a library's: the
+    server's own errors log only a fault's class and place) keeps its lines, each indented
+    and escaped, so that none of them passes for a log line either."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         record.message = printable(record.message, None)
         return super().formatMessage(record)
+
+    def formatException(self, ei) -> str:  # noqa: N802 (logging's name)
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("  " + printable(line, None) for line in text.split("\n"))

@@ -19,6 +19,7 @@ from inference.runtime.sampler import pick
 from service.errors import InvalidRequest
 from tests.support.fakes import FakeEngine
 from tests.support.httpclient import request
+from tests.web.dialects.test_tools_http import AGENT_HISTORY
 from web import checked_json
 from web.dialects.chat_api import parse_chat_request
 from web.dialects.openai_request import parse_completion_request
@@ -334,21 +335,7 @@ WEATHER_TOOL = {
 }
 SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
 ASKED = {"role": "user", "content": "Weather in Paris?"}
-V1_HISTORY = [
-    ASKED,
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-]
+V1_HISTORY = AGENT_HISTORY  # a call with its arguments as JSON text, and its result
 CHAT_HISTORY = [
     ASKED,
     {

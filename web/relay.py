@@ -88,6 +88,7 @@ def submit(chat_request: ChatRequest, config: Config, runtime: Runtime, request_
         top_logprobs=chat_request.top_logprobs,
         logit_bias=bias,
         thinking_budget=config.thinking_budget or None,
+        think=thinking_switch(chat_request, config.thinking),
         **runtime.defaults.fill(
             temperature=chat_request.temperature,
             top_p=chat_request.top_p,
@@ -117,6 +118,11 @@ def prepare(
     return prompt_of(chat_request, runtime, config.thinking), grammar, bias
 
 
+def thinking_switch(chat_request: ChatRequest, thinking: str) -> bool | None:
+    """The request's switch, else the server's --thinking (None: the template's default)."""
+    return chat_request.think if chat_request.think is not None else SERVER_THINKING[thinking]
+
+
 def prompt_of(chat_request: ChatRequest, runtime: Runtime, thinking: str = "auto") -> list[int]:
     """The prompt's token ids: the chat template over the messages, the system text and the
     tools' definitions, or a raw prompt (Ollama's `raw`) as the client wrote it. What a
@@ -125,7 +131,7 @@ def prompt_of(chat_request: ChatRequest, runtime: Runtime, thinking: str = "auto
     if chat_request.raw is not None:
         return runtime.prompts.encode_raw(chat_request.raw)
     functions = chat_request.tools.functions if chat_request.tools else None
-    think = chat_request.think if chat_request.think is not None else SERVER_THINKING[thinking]
+    think = thinking_switch(chat_request, thinking)
     return runtime.prompts.encode(chat_request.messages, chat_request.system, functions, think)
 
 

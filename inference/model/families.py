@@ -27,6 +27,7 @@ class Family:
 FAMILIES = {
     "qwen2": Family("Qwen2ForCausalLM", lambda c: (True, False, False)),
     "llama": Family("LlamaForCausalLM", lambda c: (c.attention_bias, c.attention_bias, c.mlp_bias)),
+    "mistral": Family("MistralForCausalLM", lambda c: (False, False, False)),
     "qwen3": Family(
         "Qwen3ForCausalLM", lambda c: (c.attention_bias, c.attention_bias, False), qk_norm=True
     ),

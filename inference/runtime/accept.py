@@ -94,6 +94,8 @@ def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
             top_k=sampling.top_k,
             min_p=sampling.min_p,
         )
+    if token in eos_ids and split is not None and split.thinking and stream.constraint is not None:
+        token = split.close_id  # the constrained answer is still owed: close, do not end
     thought, thought_text = split.take(token) if split is not None else (False, "")
     if stream.constraint is not None and not thought:
         stream.constraint.take(token)

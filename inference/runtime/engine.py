@@ -229,7 +229,8 @@ class Engine:
                 budget,
                 self.tokenizer,
                 most=sampling.thinking_budget,
-                must_open=sampling.grammar is not None,
+                constrained=sampling.grammar is not None,
+                think=sampling.think,
             )
         stream = Stream(prompt_ids, sampling, text, cache, self.speculate, split)
         self.reused_tokens = stream.reused
@@ -242,7 +243,8 @@ class Engine:
         if finish != "interrupted":
             if stream.split is not None:
                 stream.add_thought(stream.split.flush())
-            stream.add_text(stream.text.flush())
+            text = stream.text.flush()
+            stream.add_text(stream.split.answer(text) if stream.split is not None else text)
         if self.prefixes is not None and stream.cache is not None and stream.error is None:
             computed = stream.prompt_ids[: stream.prefilled]
             if self.batch_invariant and not stream.prefilling:  # the answer's rows too

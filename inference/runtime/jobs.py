@@ -34,6 +34,7 @@ class Sampling:
     top_logprobs: int = 0  # with logprobs: that many most likely alternatives per token
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, amount added to its logit)
     thinking_budget: int | None = None  # the most thought tokens (--thinking-budget)
+    think: bool | None = None  # the thinking switch the prompt was made with (None: auto)
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,9 @@ def draft(stream) -> list[int]:
     room = stream.budget - stream.completion_tokens  # the cache holds prompt + budget
     if stream.lookup is None or room <= 0:
         return []
-    if stream.constraint is not None:
+    split = getattr(stream, "split", None)
+    in_thought = split is not None and (split.thinking or split.must_open)
+    if stream.constraint is not None and not in_thought:  # a thought is free of it
         forced = stream.constraint.forced()[:room]
         if forced:
             return forced

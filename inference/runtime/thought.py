@@ -18,8 +18,17 @@ ANSWER_ROOM = 64
 TAIL = 8  # prompt tokens read for where the template left the model: inside a thought or not
 
 
+MARKERS = 2  # tokens the answer's room also pays: `</think>` and the newlines after it
+
+
 def answer_room(budget: int) -> int:
     return min(ANSWER_ROOM, budget // 4)
+
+
+def thought_limit(budget: int) -> int:
+    """The most thought tokens (markers not counted) a budget allows: the answer keeps its
+    room, and the close and the newlines after it fit too."""
+    return max(budget - answer_room(budget) - MARKERS, 0)
 
 
 class ThoughtSplit:
@@ -30,12 +39,15 @@ class ThoughtSplit:
         budget: int,
         tokenizer,
         most: int | None = None,
-        must_open: bool = False,
+        constrained: bool = False,
+        think: bool | None = None,
     ):
         """`markers`: the ids of `<think>` and `</think>`. `most`: the most thought tokens
-        allowed (--thinking-budget), beside the budget's own rule. `must_open`: the answer
-        is constrained (a schema, tools), so a model left free to think opens its thought
-        with the server's `<think>` rather than the grammar's first token."""
+        allowed (--thinking-budget), beside the budget's own rule. `constrained`: the answer
+        follows a grammar (a schema, tools), so a model left free to think opens its thought
+        with the server's `<think>` rather than the grammar's first token; not when `think`
+        (the switch the prompt was made with) is off: a template may ignore the switch, and
+        the server does not think for it."""
         self.open_id, self.close_id = markers
         tail = prompt_ids[-TAIL:]
         last = max((i for i, t in enumerate(tail) if t in markers), default=None)
@@ -43,8 +55,9 @@ class ThoughtSplit:
         # thought: thinking off), or neither (the model opens one or not)
         self.thinking = last is not None and tail[last] == self.open_id
         self.answering = last is not None and tail[last] == self.close_id
-        self.must_open = must_open and not (self.thinking or self.answering)
-        self.limit = budget - answer_room(budget)
+        self.must_open = constrained and think is not False
+        self.must_open = self.must_open and not (self.thinking or self.answering)
+        self.limit = thought_limit(budget)
         if most is not None:
             self.limit = min(self.limit, most)
         self.tokens = 0  # thought tokens so far

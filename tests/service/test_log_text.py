@@ -28,4 +28,11 @@ def test_the_formatter_keeps_a_record_on_one_line_but_a_traceback_on_its_own():
     except ValueError:
         failed = logging.LogRecord("deskchat", logging.ERROR, "x", 1, "a\nb", (), sys.exc_info())
     lines = formatter.format(failed).splitlines()
-    assert lines[0] == "ERROR deskchat: a\\x0ab" and lines[1].startswith("Traceback")
+    assert lines[0] == "ERROR deskchat: a\\x0ab" and lines[1].startswith("  Traceback")
+    assert all(line.startswith("  ") for line in lines[1:])
+    try:
+        raise ValueError("forged\n2026-01-01 00:00:00,000 ERROR x: y\x1b[2J")
+    except ValueError:
+        forged = logging.LogRecord("waitress", logging.ERROR, "x", 1, "m", (), sys.exc_info())
+    lines = formatter.format(forged).splitlines()
+    assert [x for x in lines[1:] if not x.startswith("  ")] == [] and "\x1b" not in lines[-1]

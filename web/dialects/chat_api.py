@@ -13,8 +13,6 @@ OpenAI's entries, for the text before any call. Errors: {"error": {"message", "t
 
 from __future__ import annotations
 
-import json
-
 from flask import Blueprint, g, jsonify, request
 
 from inference.runtime.jobs import Done
@@ -172,7 +170,7 @@ def _done_fields(done: Done) -> dict:
 
 
 def _tool_call(call: Call) -> dict:
-    return {"id": call.id, "name": call.name, "arguments": json.loads(call.arguments)}
+    return {"id": call.id, "name": call.name, "arguments": checked_json.model_json(call.arguments)}
 
 
 def _logprobs(entries) -> list[dict]:

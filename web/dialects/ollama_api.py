@@ -86,7 +86,11 @@ def _done_fields(done: Done) -> dict:
 
 def _tool_call(call: Call, index: int) -> dict:
     """A whole call as Ollama writes it: arguments as an object."""
-    function = {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}
+    function = {
+        "index": index,
+        "name": call.name,
+        "arguments": checked_json.model_json(call.arguments),
+    }
     return {"id": call.id, "function": function}
 
 

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 from inference.loading import skeleton
 from tests.support.paths import TEST_CACHE
@@ -36,8 +36,9 @@ def _tree(model) -> dict:
         Qwen2Config(**TINY),
         LlamaConfig(**TINY),
         LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
+        MistralConfig(**TINY),
     ],
-    ids=["qwen2", "llama", "llama-biases"],
+    ids=["qwen2", "llama", "llama-biases", "mistral"],
 )
 def test_the_skeleton_is_transformers_tree(config):
     with torch.device("meta"):

@@ -11,7 +11,7 @@ import torch
 from inference.runtime.accept import TextAssembler, TokenPieces, advance
 from inference.runtime.engine import Stream, think_markers
 from inference.runtime.jobs import Sampling
-from inference.runtime.thought import ThoughtSplit, answer_room
+from inference.runtime.thought import ThoughtSplit, answer_room, thought_limit
 
 EOS = -1  # set from the tokenizer
 
@@ -71,11 +71,12 @@ def test_a_thought_reaching_its_limit_is_closed_by_the_server(tokenizer):
     stream = stream_for(tokenizer, ids(tokenizer, "Question?"), budget=budget)
     [word] = ids(tokenizer, " the")
     thought, answer, taken = run(tokenizer, stream, [open_, *[word] * 100])
-    limit = budget - answer_room(budget)
+    limit = thought_limit(budget)
+    assert limit == budget - answer_room(budget) - 2  # the close and the newlines count
     assert taken[limit + 1] == close and stream.split.cut  # the marker, its limit's thought
     assert thought.split() == ["the"] * limit
     assert answer == " the" * (len(taken) - limit - 2) and stream.finish == "length"
-    assert len(taken) == budget  # the answer got its room: answer_room(40) tokens
+    assert len(taken) == budget  # the answer got its room: answer_room(40) tokens, and more
 
 
 def test_thinking_budget_closes_earlier(tokenizer):
@@ -106,9 +107,31 @@ def test_thinking_off_leaves_a_think_tag_in_the_answer_as_text(tokenizer):
 def test_a_constrained_answer_opens_the_thought_first(tokenizer):
     open_, _ = think_markers(tokenizer)
     markers = think_markers(tokenizer)
-    split = ThoughtSplit(markers, ids(tokenizer, "Q"), 100, tokenizer, must_open=True)
+    split = ThoughtSplit(markers, ids(tokenizer, "Q"), 100, tokenizer, constrained=True)
     assert split.forced() == open_
     assert split.take(open_) == (True, "") and split.forced() is None
+    off = ThoughtSplit(markers, ids(tokenizer, "Q"), 100, tokenizer, constrained=True, think=False)
+    assert off.forced() is None  # thinking off: no thought forced, whatever the template does
+
+
+class Anything:
+    """A constraint that allows every token (the test is of what a thought does with it)."""
+
+    finished = False
+
+    def mask_(self, scores):
+        pass
+
+    def take(self, token):
+        pass
+
+
+def test_the_end_of_text_inside_a_constrained_answers_thought_closes_it(tokenizer):
+    open_, close = think_markers(tokenizer)
+    stream = stream_for(tokenizer, ids(tokenizer, "Q"))
+    stream.constraint = Anything()
+    _, _, taken = run(tokenizer, stream, [open_, *ids(tokenizer, " a"), tokenizer.eos_token_id])
+    assert taken[-1] == close and stream.finish is None  # the answer is still owed
 
 
 # A template that renders the switch as Qwen3's does (its own text here): off, an empty
