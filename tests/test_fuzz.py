@@ -172,6 +172,8 @@ HOSTILE_SCHEMAS = [
     {"type": "nonsense"},
     {"properties": 3},
     {"type": "string", "maxLength": 3},
+    {"enum": [-9223372036854775808]},  # crashed llguidance (issue 62's fuzzing)
+    {"type": "integer", "multipleOf": 1000003},  # took seconds to minutes to compile
 ]
 
 

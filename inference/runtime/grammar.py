@@ -15,6 +15,7 @@ logged, only its stop reason.
 
 from __future__ import annotations
 
+import decimal
 import json
 import os
 import threading
@@ -41,6 +42,13 @@ MAX_GRAMMAR_ERROR_CHARS = 300
 # schema is two levels). Real schemas for an answer are far inside both.
 MAX_SCHEMA_BYTES = 16 * 1024
 MAX_SCHEMA_DEPTH = 32
+# Numbers llguidance is fed safely (found by fuzzing): an integer that rounds to -2**63 in
+# `enum`, `const` or an integer range crashed the process (SIGSEGV in its Rust library), so
+# every number in a schema stays within JSON's exact range (I-JSON, RFC 7493: +-2**53); a
+# `multipleOf` compiles to an automaton as large as its significant digits (99,991: 0.4 s;
+# 1,000,003: 4.9 s; 16,000,057: minutes and 9 GB), so those stay at most MAX_MULTIPLE_DIGITS.
+MAX_SCHEMA_NUMBER = 2**53
+MAX_MULTIPLE_DIGITS = 99_999
 
 
 class Constraint:
@@ -264,7 +272,9 @@ def grammar_tokenizer(hf, vocab_size: int):
 
 def check_size(schema: dict, text: str, param: str) -> None:
     """Refuse a schema over MAX_SCHEMA_BYTES (of its JSON) or MAX_SCHEMA_DEPTH levels of
-    nesting before llguidance sees it: its compile time and memory grow with both."""
+    nesting before llguidance sees it: its compile time and memory grow with both; or one
+    holding a number llguidance does not take safely (MAX_SCHEMA_NUMBER,
+    MAX_MULTIPLE_DIGITS)."""
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
@@ -281,12 +291,45 @@ def check_size(schema: dict, text: str, param: str) -> None:
                 "of objects and lists",
                 param=param,
             )
+        for node in below:
+            _check_numbers(node, param)
         below = [
             child
             for node in below
             for child in (node.values() if isinstance(node, dict) else node)
             if isinstance(child, dict | list)
         ]
+
+
+def _check_numbers(node: dict | list, param: str) -> None:
+    """The numbers right inside one object or list of a schema (check_size)."""
+    items = node.items() if isinstance(node, dict) else ((None, v) for v in node)
+    for key, value in items:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not abs(value) < MAX_SCHEMA_NUMBER:  # inf and nan too
+            raise InvalidRequest(
+                f"the JSON schema in '{param}' holds the number {_short(value)}; this server "
+                f"takes numbers from -2**53 to 2**53 in a schema",
+                param=param,
+            )
+        if key == "multipleOf" and value > 0 and _significant(value) > MAX_MULTIPLE_DIGITS:
+            raise InvalidRequest(
+                f"the JSON schema in '{param}' has a multipleOf of {_short(value)}; this server "
+                f"takes one of at most five significant digits (such as 0.01, 2.5 or 10000)",
+                param=param,
+            )
+
+
+def _significant(value: int | float) -> int:
+    """The value's significant digits as one integer: 999999.5 -> 9999995, 1000 -> 1."""
+    digits = decimal.Decimal(repr(value)).normalize().as_tuple().digits
+    return int("".join(map(str, digits)) or "0")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 30 else text[:27] + "..."
 
 
 def _probe(matcher, param: str) -> None:

@@ -66,6 +66,36 @@ def test_a_schema_over_the_depth_limit_is_refused(compiler):
     assert f"deeper than {MAX_SCHEMA_DEPTH}" in message
 
 
+# Found by fuzzing (issue 62): an integer that rounds to -2**63 crashed the whole process in
+# llguidance (SIGSEGV), a large multipleOf took minutes and gigabytes to compile. Refused
+# before llguidance sees them, so the test process itself would die if one got through.
+@pytest.mark.parametrize(
+    "schema, words",
+    [
+        ({"enum": [-9223372036854775808]}, "holds the number"),
+        ({"const": -9223372036854775296}, "holds the number"),
+        ({"anyOf": [{"enum": [[-(2**63)]]}]}, "holds the number"),
+        ({"type": "integer", "minimum": -1e19, "maximum": -1e19}, "holds the number"),
+        ({"type": "number", "maximum": 1e300}, "holds the number"),
+        ({"type": "integer", "multipleOf": 16000057}, "multipleOf"),
+        ({"type": "number", "multipleOf": 999999.5}, "multipleOf"),
+    ],
+)
+def test_numbers_llguidance_does_not_take_safely_are_refused(compiler, schema, words):
+    assert words in refused(compiler, schema)
+
+
+def test_usual_numbers_and_multiples_compile(compiler):
+    for schema in [
+        {"type": "integer", "minimum": -(2**53) + 1, "maximum": 2**53 - 1},
+        {"type": "number", "multipleOf": 0.01},
+        {"type": "integer", "multipleOf": 10000},
+        {"type": "integer", "multipleOf": 99991},  # the largest kind: 0.4 s (2026-12-07)
+        {"enum": [1, 2.5, -3]},
+    ]:
+        assert compiler.compile(schema, "format").param == "format"
+
+
 def test_schemas_inside_the_limits_still_compile(compiler):
     schema: dict = {"type": "string"}
     for _ in range(MAX_SCHEMA_DEPTH // 2 - 1):  # two levels per object: properties, name
