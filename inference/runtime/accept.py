@@ -11,6 +11,12 @@ end-of-generation token or the budget may end the stream.
 Detokenizing for streaming gives whole characters only, stop strings held back: a short
 window of recent ids is decoded per token (the prefix/read-offset scheme of text-
 generation-inference), so the cost per token stays flat however long the answer grows.
+
+A thinking model's thought (Qwen3 writes it between the tokens `<think>` and `</think>`) is
+kept apart from its answer by a ThoughtSplit (below): which tokens are thought, their text,
+and when the server closes a thought itself so that the answer still gets its room within
+the budget. The grammar, the stop strings and the logprobs are the answer's only; the
+newlines the template puts around a thought (`<think>\n...\n</think>\n\n`) are in neither.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 import torch
 
 from inference.runtime import sampler
+from inference.runtime.budget import thought_limit
 from inference.runtime.jobs import TokenLogprob
 
 
@@ -73,7 +80,7 @@ def advance(stream, scores: torch.Tensor, eos_ids: set[int], pieces) -> int:
     logit bias, the penalties and the grammar's mask change `scores` first; logprobs are of
     what they left, before temperature and the top_k/top_p/min_p cuts (a greedy and a
     sampled request report the same numbers). A thinking model's thought
-    (inference/runtime/thought.py) is free of the grammar and has no logprobs; the server
+    (ThoughtSplit, below) is free of the grammar and has no logprobs; the server
     may write its markers itself."""
     split = stream.split
     token = split.forced() if split is not None else None
@@ -247,3 +254,96 @@ class TokenPieces:
         except UnicodeDecodeError:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text, tuple(raw)
+
+
+# -- a thinking model's thought ---------------------------------------------------------------
+
+TAIL = 8  # prompt tokens read for where the template left the model: inside a thought or not
+
+
+class ThoughtSplit:
+    def __init__(
+        self,
+        markers: tuple[int, int],
+        prompt_ids: list[int],
+        budget: int,
+        tokenizer,
+        most: int | None = None,
+        constrained: bool = False,
+        think: bool | None = None,
+    ):
+        """`markers`: the ids of `<think>` and `</think>`. `most`: the most thought tokens
+        allowed (--thinking-budget), beside the budget's own rule. `constrained`: the answer
+        follows a grammar (a schema, tools), so a model left free to think opens its thought
+        with the server's `<think>` rather than the grammar's first token; not when `think`
+        (the switch the prompt was made with) is off: a template may ignore the switch, and
+        the server does not think for it."""
+        self.open_id, self.close_id = markers
+        tail = prompt_ids[-TAIL:]
+        last = max((i for i, t in enumerate(tail) if t in markers), default=None)
+        # The template's own choice: inside a thought (it wrote <think>), past one (an empty
+        # thought: thinking off), or neither (the model opens one or not)
+        self.thinking = last is not None and tail[last] == self.open_id
+        self.answering = last is not None and tail[last] == self.close_id
+        self.must_open = constrained and think is not False
+        self.must_open = self.must_open and not (self.thinking or self.answering)
+        self.limit = thought_limit(budget)
+        if most is not None:
+            self.limit = min(self.limit, most)
+        self.tokens = 0  # thought tokens so far
+        self.cut = False  # the server closed the thought
+        self._text = TextAssembler(tokenizer, ())
+        self._started = False  # thought text given out yet (its leading newlines dropped)
+        self._newlines = ""  # trailing newlines held back: dropped if the thought ends here
+        self._answer_started = False
+
+    def forced(self) -> int | None:
+        """The token the server writes instead of the model's pick, if any: `<think>` to
+        open a thought `must_open` asks for, `</think>` once the thought reached its limit."""
+        if self.must_open:
+            return self.open_id
+        if self.thinking and self.tokens >= self.limit:
+            self.cut = True
+            return self.close_id
+        return None
+
+    def close_soon(self) -> None:
+        """Close the thought at the next token (its deadline nears: Batch.settle)."""
+        self.limit = min(self.limit, self.tokens)
+
+    def take(self, token: int) -> tuple[bool, str]:
+        """(whether `token` is the thought's, a marker included; the thought text it lets
+        out)."""
+        if token == self.open_id and not (self.thinking or self.answering):
+            self.thinking, self.must_open = True, False
+            return True, ""
+        if not self.thinking:
+            self.answering = True
+            return False, ""
+        if token == self.close_id:
+            self.thinking, self.answering = False, True
+            return True, self._trimmed(self._text.flush(), last=True)
+        self.tokens += 1
+        return True, self._trimmed(self._text.add(token))
+
+    def flush(self) -> str:
+        """At the end of a stream still thinking: the thought's held-back text."""
+        return self._trimmed(self._text.flush(), last=True) if self.thinking else ""
+
+    def answer(self, piece: str) -> str:
+        """The answer's text, the newlines between a thought and it dropped."""
+        if not self._answer_started:
+            piece = piece.lstrip("\n")
+            self._answer_started = bool(piece)
+        return piece
+
+    def _trimmed(self, piece: str, last: bool = False) -> str:
+        if not self._started:
+            piece = piece.lstrip("\n")
+            self._started = bool(piece)
+        piece, self._newlines = self._newlines + piece, ""
+        if last:
+            return piece.rstrip("\n")
+        body = piece.rstrip("\n")
+        self._newlines = piece[len(body) :]
+        return body

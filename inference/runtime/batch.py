@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from inference.runtime.budget import answer_room
 from inference.runtime.jobs import Delta, Done, Failed, Generation, Job, Sampling, Thought, Usage
-from inference.runtime.thought import answer_room
 from service.errors import Internal, ServiceError, Timeout, fault_summary
 from service.log_text import printable
 

@@ -26,7 +26,7 @@ from inference.model.decoder import Decoder
 from inference.model.kvcache import SequenceCache
 from inference.model.prefix_cache import PrefixCache
 from inference.runtime import sampler
-from inference.runtime.accept import TextAssembler, TokenPieces, accept
+from inference.runtime.accept import TextAssembler, ThoughtSplit, TokenPieces, accept
 from inference.runtime.jobs import Generation, Sampling, TokenLogprob
 from inference.runtime.prompt import THINK_CLOSE, THINK_OPEN
 from inference.runtime.schedule import (
@@ -37,7 +37,6 @@ from inference.runtime.schedule import (
     PromptLookup,
     schedule,
 )
-from inference.runtime.thought import ThoughtSplit
 
 
 class Stream:

@@ -1,5 +1,5 @@
 """Issue 63: a thinking model's thought kept apart from its answer, token by token, through
-the accept stage (inference/runtime/accept.py with inference/runtime/thought.py): with a
+the accept stage (inference/runtime/accept.py, its ThoughtSplit): with a
 real byte-level tokenizer that has `<think>` and `</think>` as tokens of their own (the
 embedded model's, the two added as Qwen3's are), and the picks scripted by the scores."""
 
@@ -8,10 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.runtime.accept import TextAssembler, TokenPieces, advance
+from inference.runtime.accept import (
+    TextAssembler,
+    ThoughtSplit,
+    TokenPieces,
+    advance,
+)
+from inference.runtime.budget import answer_room, thought_limit
 from inference.runtime.engine import Stream, think_markers
 from inference.runtime.jobs import Sampling
-from inference.runtime.thought import ThoughtSplit, answer_room, thought_limit
 
 EOS = -1  # set from the tokenizer
 
