@@ -359,7 +359,14 @@ OLLAMA_HISTORY = [
 CHAT_BODIES = [
     {"message": "hi", "system": "Be brief.", "max_tokens": 2, "stop": ["\n\n"], "seed": 1},
     {"messages": CHAT_HISTORY, "tools": [WEATHER_TOOL], "max_tokens": 2, "temperature": 0.5},
-    {"messages": [ASKED], "format": SCHEMA, "max_tokens": 2, "stream": True},
+    {"messages": [ASKED], "format": SCHEMA, "max_tokens": 2, "stream": True, "think": False},
+    {
+        "messages": [
+            ASKED,
+            {"role": "assistant", "content": "Sunny.", "reasoning": "a guess"},
+            ASKED,
+        ]
+    },
 ]
 V1_BODIES = [
     {"model": "m", "messages": [ASKED], "max_tokens": 2, "logit_bias": {"15": 1}, "user": "u"},
@@ -378,6 +385,16 @@ V1_BODIES = [
         "top_logprobs": 2,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "reasoning_effort": "none",
+    },
+    {
+        "messages": [
+            ASKED,
+            {"role": "assistant", "content": "Sunny.", "reasoning_content": "x"},
+            ASKED,
+        ],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "max_tokens": 2,
     },
 ]
 OLLAMA_OPTIONS = {"num_predict": 2, "temperature": 0, "stop": ["\n\n"]}
@@ -390,6 +407,13 @@ ROUTE_BODIES = {
     "/v1/detokenize": [{"tokens": [1, 2, 3]}],
     "/api/chat": [
         {"model": "m", "messages": [ASKED], "stream": False, "options": OLLAMA_OPTIONS},
+        {
+            "model": "m",
+            "messages": [ASKED, {"role": "assistant", "content": "Sunny.", "thinking": "x"}, ASKED],
+            "think": False,
+            "stream": False,
+            "options": OLLAMA_OPTIONS,
+        },
         {
             "model": "m",
             "messages": OLLAMA_HISTORY,

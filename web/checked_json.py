@@ -70,8 +70,9 @@ def parse(text: str, path: str):
 def check(value, path: str = "") -> None:
     """Walk `value` (found at `path`) once, iteratively: InvalidRequest for the first string
     or key that is not Unicode text, or the first object or list past MAX_DEPTH. A value's
-    place is a link to its parent's (the path is spelled out only for a refusal: built for
-    every value, the paths of a deep 64 KB body took 87 MB)."""
+    place is a link to its parent's: the path is spelled out only for a refusal (built for
+    every value, the paths of a deep body cost memory in proportion to its depth times its
+    width)."""
     stack: list[tuple[object, int, tuple | None]] = [(value, 1, None)]
     while stack:
         item, depth, place = stack.pop()

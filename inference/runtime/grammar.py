@@ -45,8 +45,8 @@ MAX_SCHEMA_DEPTH = 32
 # Numbers llguidance is fed safely (found by fuzzing): an integer that rounds to -2**63 in
 # `enum`, `const` or an integer range crashed the process (SIGSEGV in its Rust library), so
 # every number in a schema stays within JSON's exact range (I-JSON, RFC 7493: +-2**53); a
-# `multipleOf` compiles to an automaton as large as its significant digits (99,991: 0.4 s;
-# 1,000,003: 4.9 s; 16,000,057: minutes and 9 GB), so those stay at most MAX_MULTIPLE_DIGITS.
+# `multipleOf` compiles to an automaton as large as its significant digits (the times:
+# docs/api.md "JSON answers"), so those stay at most MAX_MULTIPLE_DIGITS.
 MAX_SCHEMA_NUMBER = 2**53
 MAX_MULTIPLE_DIGITS = 99_999
 
