@@ -539,7 +539,6 @@ def test_every_routes_door_refuses_bad_text_and_nesting_naming_where(fake_server
     server = fake_server(FakeEngine(token_s=0.0))
     statuses = fuzz_the_door(server.url, 20261207, DOOR_REQUESTS)
     assert all(400 in s for s in statuses.values()), statuses
-    assert server.engine.ran == [] or 200 in statuses["/chat"] + statuses["/api/chat"]
 
 
 @pytest.mark.slow  # the real tokenizer, grammar and model behind every route
